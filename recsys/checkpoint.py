@@ -1,0 +1,101 @@
+"""Checkpoints: safetensors weights + JSON metadata; a model is rebuilt from these files alone.
+
+Layout of a checkpoint directory:
+  model.safetensors   the state dict (tensors only — nothing is ever unpickled)
+  model.json          {"model", "config", "n_items", "n_users", "dataset_fingerprint", "format_version", ...}
+  items.json          raw item id of each model item id (index 0 = padding = null)
+  users.json          raw user id of each model user id (index 0 = unknown = null)
+Writes go to a temporary sibling directory that is renamed into place, so a reader never sees half a
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from recsys.models import build_model, config_from_dict
+from recsys.models.base import SequentialModel
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(
+    out_dir: str | Path,
+    model: SequentialModel,
+    *,
+    dataset_fingerprint: str,
+    item_ids: list[str],
+    user_ids: list[str],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "model": model.name,
+        "config": dataclasses.asdict(model.config),
+        "n_items": model.n_items,
+        "n_users": model.n_users,
+        "dataset_fingerprint": dataset_fingerprint,
+        **(extra or {}),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        (tmp / "items.json").write_text(json.dumps([None, *map(str, item_ids)]))
+        (tmp / "users.json").write_text(json.dumps([None, *map(str, user_ids)]))
+        if out.exists():
+            old = out.with_name(f".{out.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_meta(checkpoint_dir: str | Path) -> dict[str, Any]:
+    path = Path(checkpoint_dir)
+    try:
+        meta = json.loads((path / "model.json").read_text())
+        meta["items"] = json.loads((path / "items.json").read_text())
+        meta["users"] = json.loads((path / "users.json").read_text())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{path} is not a checkpoint: {err.filename} missing") from err
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path}: corrupt checkpoint metadata ({err})") from err
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unsupported checkpoint format {meta.get('format_version')!r}")
+    return meta
+
+
+def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu") -> tuple[SequentialModel, dict]:
+    """Rebuild the model from its own JSON config and load the safetensors weights (strictly)."""
+    path = Path(checkpoint_dir)
+    meta = read_meta(path)
+    try:
+        config = config_from_dict(meta["model"], meta["config"])
+        model = build_model(meta["model"], config, n_items=meta["n_items"], n_users=meta["n_users"])
+        state = load_file(str(path / "model.safetensors"), device=str(device))
+        model.load_state_dict(state, strict=True)
+    except (KeyError, ValueError, RuntimeError, OSError) as err:
+        raise CheckpointError(f"{path}: cannot rebuild the model ({err})") from err
+    return model.to(device).eval(), meta

@@ -1,0 +1,173 @@
+"""`recsys` command line. Arguments carry names and paths only; hyperparameters live in params.yaml.
+
+Errors the user can fix (bad config, bad input, missing files) print one clear line and exit 1 — no traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from recsys.config import PROJECT_ROOT, ConfigError, load_params, validate_name
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: generate, download, import into the raw store.")
+app.add_typer(data_app, name="data")
+
+PARAMS = typer.Option(PROJECT_ROOT / "params.yaml", "--params", help="params.yaml to read")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
+    for module, name in [("recsys.data", "DataError"), ("recsys.prepare", "PrepareError"),
+                         ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
+                         ("recsys.registry", "RegistryError")]:
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "great_expectations", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@data_app.command("generate")
+def data_generate(
+    out: Path = typer.Option(PROJECT_ROOT / "data", help="raw store directory to write"),
+    params: Path = PARAMS,
+) -> None:
+    """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part."""
+    from recsys.data import generate, write_store
+
+    part = write_store(generate(load_params(params).generate), out)
+    typer.echo(f"wrote {part}")
+
+
+@data_app.command("download")
+def data_download(
+    name: str = typer.Argument(..., help="movielens-1m | movielens-100k"),
+    dest: Path = typer.Option(..., help="folder to extract into"),
+    url: Optional[str] = typer.Option(None, help="mirror or file:// URL (default: the official archive)"),
+    sha256: Optional[str] = typer.Option(None, help="expected sha256 (default: the official MD5 is checked)"),
+) -> None:
+    """Download a MovieLens archive and verify its checksum before extracting."""
+    from recsys.data import download_movielens
+
+    typer.echo(f"extracted into {download_movielens(name, dest, url=url, sha256=sha256)}")
+
+
+@data_app.command("import")
+def data_import(
+    source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
+    path: Path = typer.Argument(..., help="dataset folder or file"),
+    out: Path = typer.Option(PROJECT_ROOT / "data", help="raw store directory to (re)write"),
+    column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
+) -> None:
+    """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
+    from recsys.data import (DataError, Generated, read_movielens_1m, read_movielens_100k, read_movielens_titles,
+                             read_table, write_store)
+
+    if source == "movielens-1m":
+        frame, titles = read_movielens_1m(path), read_movielens_titles(path)
+    elif source == "movielens-100k":
+        frame, titles = read_movielens_100k(path), read_movielens_titles(path)
+    elif source == "table":
+        mapping = dict(c.split("=", 1) for c in column if "=" in c)
+        frame, titles = read_table(path, mapping), None
+    else:
+        raise DataError(f"unknown source {source!r}: movielens-1m | movielens-100k | table")
+    import pandas as pd
+
+    part = write_store(Generated(frame, titles if titles is not None else pd.DataFrame(columns=["item_id", "title"])), out)
+    typer.echo(f"wrote {len(frame)} interactions to {part}; run `dvc add data` to version them")
+
+
+@app.command()
+def bootstrap(root: Path = typer.Option(PROJECT_ROOT, help="repository root")) -> None:
+    """Make sure the raw store exists: `dvc pull` it, or generate the default dataset and version it."""
+    from recsys.data import generate, write_store
+
+    store = root / "data" / "interactions"
+    if store.is_dir() and any(store.glob("*.parquet")):
+        typer.echo("raw store present")
+        return
+    pulled = subprocess.run(["dvc", "pull", "data.dvc", "--quiet"], cwd=root, capture_output=True, text=True)
+    if pulled.returncode == 0 and store.is_dir() and any(store.glob("*.parquet")):
+        typer.echo("raw store pulled from the DVC remote")
+        return
+    write_store(generate(load_params(root / "params.yaml").generate), root / "data")
+    for cmd in (["dvc", "add", "data", "--quiet"], ["dvc", "push", "data.dvc", "--quiet"]):
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")
+    typer.echo("generated the default dataset into data/ and versioned it with DVC")
+
+
+@app.command()
+def prepare(params: Path = PARAMS) -> None:
+    """The `prepare` stage (same function `dvc repro` runs)."""
+    from recsys import prepare as stage
+
+    stage.main(["--params", str(params)])
+
+
+@app.command()
+def train(model: str = typer.Option(..., help="model name from params.yaml"), params: Path = PARAMS) -> None:
+    """The `train@<model>` stage."""
+    from recsys import train as stage
+
+    stage.main(["--model", validate_name(model, "model name"), "--params", str(params)])
+
+
+@app.command()
+def evaluate(model: str = typer.Option(..., help="model name from params.yaml"), params: Path = PARAMS) -> None:
+    """The `evaluate@<model>` stage (test split, once)."""
+    from recsys import evaluate as stage
+
+    stage.main(["--model", validate_name(model, "model name"), "--params", str(params)])
+
+
+def _wire_optional_commands() -> None:
+    """Sub-commands whose modules may be absent in a partial checkout stay out of the way."""
+    for module, name in [("recsys.commands.ingest", "ingest"), ("recsys.commands.registry", "registry"),
+                         ("recsys.commands.recommend", "recommend")]:
+        try:
+            sub = importlib.import_module(module).app
+        except ImportError:
+            continue
+        app.add_typer(sub, name=name)
+
+
+_wire_optional_commands()
+
+
+def main() -> None:
+    _setup_logging()
+    try:
+        app(standalone_mode=False)
+    except _user_errors() as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        sys.exit(1)
+    except (typer.Exit, SystemExit) as done:
+        sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))
+    except Exception as err:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""`params.yaml` → frozen dataclasses. The one source of hyperparameters.
+
+Every section maps to a dataclass; an unknown key anywhere is an error (a typo must never silently fall back
+to a default). Model sections are typed by the model's own config class (see `recsys.models`), optionally
+with a nested `train:` mapping that overrides the global `train` section for that model only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PARAMS = PROJECT_ROOT / "params.yaml"
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """params.yaml (or an override) is invalid; the message says which key and why."""
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Synthetic interactions with planted structure (the embedded default dataset)."""
+
+    n_users: int = 300
+    n_items: int = 200
+    mean_events_per_user: int = 40
+    n_clusters: int = 8
+    start: str = "2024-01-01T00:00:00Z"
+    days: int = 180
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    min_user_interactions: int = 5
+    min_item_interactions: int = 5
+    split: Literal["loo", "global_time"] = "loo"
+    # global_time only: quantiles of the event-time distribution where validation and test periods start.
+    valid_quantile: float = 0.8
+    test_quantile: float = 0.9
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 200
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    patience: int = 10
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Stop after this many minutes even if validation still improves (0 = no limit); the best checkpoint
+    # so far is kept, so the run stays honest, just shorter.
+    max_minutes: float = 0.0
+    grad_clip: float = 5.0
+    eval_batch_size: int = 512
+    progress: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    ks: tuple[int, ...] = (5, 10, 20)
+    batch_size: int = 512
+    # Sampled metrics are a labelled extra for comparison with papers; 0 disables them.
+    sampled_negatives: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    inbox: str = "inbox"
+    store: str = "data"
+    quarantine: str = "quarantine"
+    reports: str = "reports/ingest"
+    manifest: str = "ingest_manifest.jsonl"
+    # Earliest plausible event (UTC seconds) and how far into the future a timestamp may be.
+    timestamp_floor: int = 946684800  # 2000-01-01; MovieLens-1M starts 2000-04-25
+    max_future_skew_seconds: int = 86400
+    min_rows: int = 1
+    max_bad_row_share: float = 0.05
+    max_unseen_user_share: float = 1.0
+    max_unseen_item_share: float = 0.5
+    allowed_events: tuple[str, ...] = ("view", "click", "cart", "purchase", "rating")
+    dvc_push: bool = True
+    # {canonical column: source column} for batches whose columns are named differently, e.g.
+    # {user_id: userId, timestamp: ts}. Unmapped canonical columns are expected under their own name.
+    column_mapping: dict[str, str] = field(default_factory=dict)
+    # Source columns outside the canonical schema: reject the batch (default; a renamed column is then
+    # caught instead of silently lost) or drop them.
+    extra_columns: Literal["reject", "drop"] = "reject"
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    url: str = "sqlite:///registry/registry.db"
+    artifact_root: str = "registry/artifacts"
+    model_name: str = "next_item"
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    metric: str = "ndcg@10"
+    min_delta: float = 0.0
+    significance: bool = True
+    alpha: float = 0.05
+
+
+@dataclass(frozen=True)
+class Params:
+    models: tuple[str, ...]
+    model_configs: dict[str, Any]
+    model_train: dict[str, TrainConfig]
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+    def model_config(self, name: str) -> Any:
+        if name not in self.model_configs:
+            raise ConfigError(f"model {name!r} has no section in params.yaml")
+        return self.model_configs[name]
+
+    def train_config(self, name: str) -> TrainConfig:
+        return self.model_train.get(name, self.train)
+
+
+_SECTIONS: dict[str, type] = {
+    "generate": GenerateConfig,
+    "prepare": PrepareConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "ingest": IngestConfig,
+    "registry": RegistryConfig,
+    "gate": GateConfig,
+}
+
+
+def _coerce(cls_name: str, key: str, hint: Any, value: Any) -> Any:
+    origin = get_origin(hint)
+    where = f"{cls_name}.{key}"
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise ConfigError(f"{where}: {value!r} is not one of {list(get_args(hint))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (elem, _ellipsis) = get_args(hint)
+        return tuple(_coerce(cls_name, key, elem, v) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None = None) -> Any:
+    """Build `cls` from a mapping, rejecting unknown keys and wrongly typed values."""
+    section = section or cls.__name__
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{section}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+    values = {k: _coerce(section, k, hints[k], v) for k, v in raw.items()}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{section}: {err}") from err
+
+
+def parse_params(raw: dict[str, Any]) -> Params:
+    from recsys.models import MODEL_CONFIGS  # local import: models import nothing from here
+
+    if not isinstance(raw, dict):
+        raise ConfigError("params.yaml must be a mapping of sections")
+    raw = dict(raw)
+    models = raw.pop("models", ["mostpop", "sasrec"])
+    if not isinstance(models, list) or not models:
+        raise ConfigError("models: expected a non-empty list of model names")
+    for name in models:
+        if name not in MODEL_CONFIGS:
+            raise ConfigError(f"models: unknown model {name!r}; available: {sorted(MODEL_CONFIGS)}")
+    if len(set(models)) != len(models):
+        raise ConfigError(f"models: duplicate names in {models}")
+
+    sections = {k: build_dataclass(cls, raw.pop(k, None), k) for k, cls in _SECTIONS.items()}
+    model_configs: dict[str, Any] = {}
+    model_train: dict[str, TrainConfig] = {}
+    for name, cfg_cls in MODEL_CONFIGS.items():
+        section = dict(raw.pop(name, None) or {})
+        train_override = section.pop("train", None)
+        model_configs[name] = build_dataclass(cfg_cls, section, name)
+        if train_override is not None:
+            if not isinstance(train_override, dict):
+                raise ConfigError(f"{name}.train: expected a mapping")
+            merged = {**dataclasses.asdict(sections["train"]), **train_override}
+            model_train[name] = build_dataclass(TrainConfig, merged, f"{name}.train")
+    if raw:
+        raise ConfigError(f"unknown section(s) {sorted(raw)} in params.yaml")
+    return Params(models=tuple(models), model_configs=model_configs, model_train=model_train, **sections)
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ConfigError(f"params file not found: {path}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    return parse_params(raw or {})
+
+
+def validate_name(name: str, what: str = "name") -> str:
+    """Names used in paths and SQL identifiers come from an allow-list pattern."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(f"invalid {what} {name!r}: use lowercase letters, digits and _ (max 64)")
+    return name

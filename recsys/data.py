@@ -1,0 +1,241 @@
+"""Interaction sources → the canonical table (recsys/schema.py).
+
+Readers for MovieLens-1M (`::`), MovieLens-100K (tab) and generic CSV/Parquet with a column mapping; a
+checksum-verified downloader for the official MovieLens archives; and a deterministic generator with planted
+sequential and time-of-day / day-of-week structure, which is the embedded default dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recsys import schema
+from recsys.config import GenerateConfig
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """An input file is missing, malformed or fails its checksum; the message says which and why."""
+
+
+def canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """Coerce a frame with the canonical column names to the canonical dtypes (ids as strings)."""
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(f"missing required column(s) {missing}; got {list(frame.columns)}")
+    out = pd.DataFrame(
+        {
+            schema.USER: frame[schema.USER].astype(str),
+            schema.ITEM: frame[schema.ITEM].astype(str),
+            schema.TIMESTAMP: pd.to_numeric(frame[schema.TIMESTAMP], errors="raise").astype("int64"),
+        }
+    )
+    out[schema.RATING] = (
+        frame[schema.RATING].astype("float32") if schema.RATING in frame else pd.Series(np.nan, index=frame.index, dtype="float32")
+    )
+    out[schema.EVENT] = frame[schema.EVENT].astype(str) if schema.EVENT in frame else None
+    return out.reset_index(drop=True)
+
+
+def _ratings_file(path: Path, name: str) -> Path:
+    path = Path(path)
+    candidate = path / name if path.is_dir() else path
+    if not candidate.is_file():
+        raise DataError(f"{candidate} not found")
+    return candidate
+
+
+def read_movielens_1m(path: str | Path) -> pd.DataFrame:
+    """`ratings.dat` (`user::item::rating::unix_ts`) or its folder; also accepts ml-1m-half."""
+    ratings = _ratings_file(Path(path), "ratings.dat")
+    try:
+        frame = pd.read_csv(
+            ratings, sep="::", engine="python", header=None, names=["u", "i", "r", "t"], dtype=str
+        )
+        return canonical(
+            pd.DataFrame({schema.USER: frame.u, schema.ITEM: frame.i, schema.TIMESTAMP: frame.t.astype("int64"),
+                          schema.RATING: frame.r.astype("float32"), schema.EVENT: "rating"})
+        )
+    except (ValueError, pd.errors.ParserError) as err:
+        raise DataError(f"{ratings}: not a MovieLens-1M ratings file ({err})") from err
+
+
+def read_movielens_100k(path: str | Path) -> pd.DataFrame:
+    """`u.data` (`user \\t item \\t rating \\t unix_ts`) or its folder."""
+    ratings = _ratings_file(Path(path), "u.data")
+    try:
+        frame = pd.read_csv(ratings, sep="\t", header=None, names=["u", "i", "r", "t"], dtype=str)
+        return canonical(
+            pd.DataFrame({schema.USER: frame.u, schema.ITEM: frame.i, schema.TIMESTAMP: frame.t.astype("int64"),
+                          schema.RATING: frame.r.astype("float32"), schema.EVENT: "rating"})
+        )
+    except (ValueError, pd.errors.ParserError) as err:
+        raise DataError(f"{ratings}: not a MovieLens-100K u.data file ({err})") from err
+
+
+def read_movielens_titles(path: str | Path) -> pd.DataFrame | None:
+    """Item titles (item_id, title) from `movies.dat` (ML-1M) or `u.item` (ML-100K), if present."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    if (folder / "movies.dat").is_file():
+        rows = [line.split("::")[:2] for line in (folder / "movies.dat").read_text("latin-1").splitlines() if line]
+    elif (folder / "u.item").is_file():
+        rows = [line.split("|")[:2] for line in (folder / "u.item").read_text("latin-1").splitlines() if line]
+    else:
+        return None
+    return pd.DataFrame(rows, columns=["item_id", "title"])
+
+
+def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.DataFrame:
+    """Generic CSV or Parquet; `mapping` maps canonical column names to the source's column names."""
+    path = Path(path)
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, dtype=str)
+    except FileNotFoundError as err:
+        raise DataError(f"{path} not found") from err
+    except (ValueError, OSError, pa.ArrowException, pd.errors.ParserError) as err:
+        raise DataError(f"{path}: cannot be read ({err})") from err
+    if mapping:
+        absent = [src for src in mapping.values() if src not in frame.columns]
+        if absent:
+            raise DataError(f"{path}: mapped column(s) {absent} not in {list(frame.columns)}")
+        frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
+    return canonical(frame)
+
+
+# Official archives. GroupLens publishes MD5 sums beside them (`<url>.md5`); sha256 is checked when given.
+MOVIELENS = {
+    "movielens-1m": ("https://files.grouplens.org/datasets/movielens/ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906"),
+    "movielens-100k": ("https://files.grouplens.org/datasets/movielens/ml-100k.zip", "0e33842e24a9c977be4e0107933c0723"),
+}
+
+
+def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str | None = None) -> Path:
+    """Download a zip archive, verify its checksum(s), and extract it into `dest` atomically."""
+    if sha256 is None and md5 is None:
+        raise DataError("refusing to download without a checksum to verify")
+    dest = Path(dest)
+    with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
+        archive = Path(tmp) / "archive.zip"
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response, archive.open("wb") as out:
+                shutil.copyfileobj(response, out)
+        except OSError as err:
+            raise DataError(f"download of {url} failed: {err}") from err
+        payload = archive.read_bytes()
+        for algo, expected in (("sha256", sha256), ("md5", md5)):
+            if expected and hashlib.new(algo, payload).hexdigest() != expected.lower():
+                raise DataError(f"{url}: {algo} mismatch (expected {expected}); file discarded")
+        staging = Path(tmp) / "extracted"
+        try:
+            with zipfile.ZipFile(io.BytesIO(payload)) as zf:
+                for member in zf.namelist():
+                    if member.startswith("/") or ".." in Path(member).parts:
+                        raise DataError(f"{url}: archive member {member!r} escapes the target folder")
+                zf.extractall(staging)
+        except zipfile.BadZipFile as err:
+            raise DataError(f"{url}: not a zip archive ({err})") from err
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.move(str(staging), dest)
+    return dest
+
+
+def download_movielens(name: str, dest: str | Path, *, url: str | None = None, sha256: str | None = None) -> Path:
+    if name not in MOVIELENS:
+        raise DataError(f"unknown dataset {name!r}; choose one of {sorted(MOVIELENS)}")
+    official_url, md5 = MOVIELENS[name]
+    # A mirror (or a file:// copy) must match the official MD5 unless the caller pins a sha256 of their own.
+    return download(url or official_url, dest, sha256=sha256, md5=None if sha256 else md5)
+
+
+@dataclass(frozen=True)
+class Generated:
+    interactions: pd.DataFrame
+    items: pd.DataFrame  # item_id, title
+
+
+def generate(config: GenerateConfig) -> Generated:
+    """Synthetic interactions with structure a sequential model can find and MostPop cannot.
+
+    Items fall into `n_clusters` genres, each an ordered chain. A user has a home genre and mostly walks
+    forward along its chain (next item = the one after the current), sometimes jumps to another genre.
+    Event times are spaced by hours to days; evening and weekend events favour the odd-numbered genres, so
+    time features carry signal (what MOJITO exploits). Everything derives from `config.seed`.
+    """
+    rng = np.random.default_rng(config.seed)
+    n_items, n_clusters = config.n_items, config.n_clusters
+    cluster_of = np.arange(n_items) % n_clusters
+    chains = [np.flatnonzero(cluster_of == c) for c in range(n_clusters)]
+    rank_in_chain = np.empty(n_items, dtype=np.int64)
+    for chain in chains:
+        rank_in_chain[chain] = np.arange(len(chain))
+    start = pd.Timestamp(config.start).tz_convert("UTC") if pd.Timestamp(config.start).tzinfo else pd.Timestamp(config.start, tz="UTC")
+    t0 = int(start.timestamp())
+    horizon = config.days * 86400
+
+    users, items, times = [], [], []
+    for u in range(config.n_users):
+        n = max(5, int(rng.poisson(config.mean_events_per_user)))
+        home = rng.integers(n_clusters)
+        t = t0 + int(rng.integers(0, horizon // 4))
+        current = chains[home][rng.integers(len(chains[home]))]
+        for _ in range(n):
+            hour = (t // 3600) % 24
+            weekday = ((t // 86400) + 3) % 7  # 1970-01-01 was a Thursday (weekday 3, Monday = 0)
+            leisure = hour >= 18 or weekday >= 5
+            if rng.random() < 0.8:
+                chain = chains[cluster_of[current]]
+                current = chain[(rank_in_chain[current] + 1 + (rng.random() < 0.2)) % len(chain)]
+            else:
+                odd = [c for c in range(n_clusters) if (c % 2 == 1) == leisure] or list(range(n_clusters))
+                cluster = home if rng.random() < 0.5 else odd[rng.integers(len(odd))]
+                current = chains[cluster][rng.integers(len(chains[cluster]))]
+            users.append(u + 1)
+            items.append(int(current) + 1)
+            times.append(t)
+            t += int(rng.exponential(3 * 3600)) + 60
+    interactions = canonical(
+        pd.DataFrame({schema.USER: [f"u{u}" for u in users], schema.ITEM: [f"i{i}" for i in items],
+                      schema.TIMESTAMP: times, schema.EVENT: "view"})
+    )
+    titles = pd.DataFrame({"item_id": [f"i{i + 1}" for i in range(n_items)],
+                           "title": [f"Item {i + 1} (genre {cluster_of[i]})" for i in range(n_items)]})
+    return Generated(interactions, titles)
+
+
+SEED_PART = "part-0000000000000000.parquet"
+
+
+def write_table(frame: pd.DataFrame, path: Path) -> None:
+    """Canonical Parquet with fixed writer options, so the same rows always give the same bytes."""
+    table = pa.Table.from_pandas(canonical(frame), schema=schema.ARROW_SCHEMA, preserve_index=False)
+    table = table.replace_schema_metadata(None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=False)
+    tmp.replace(path)
+
+
+def write_store(generated: Generated, store: str | Path) -> Path:
+    """Write a dataset as the seed part of a raw store (`<store>/interactions/`) plus `items.csv`."""
+    store = Path(store)
+    part = store / "interactions" / SEED_PART
+    write_table(generated.interactions, part)
+    generated.items.to_csv(store / "items.csv", index=False, lineterminator="\n")
+    return part

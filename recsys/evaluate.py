@@ -1,0 +1,198 @@
+"""Honest evaluation: full ranking over the catalogue, seen items masked, ties against the target.
+
+`evaluate_model` ranks every target of a split; `evaluate_checkpoint` does it for a saved model on any
+prepared dataset — including one newer than the model (the gate re-scores the champion this way): items the
+model never saw cannot be recommended, and a target it never saw ranks last.
+
+The `evaluate` DVC stage (`main`) scores the test split once per model and writes `metrics/<model>.json`
+(keys `ndcg@10`, `hr@10`, …) and the per-user values the promotion gate tests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from recsys.config import PROJECT_ROOT, EvaluateConfig, load_params, validate_name
+from recsys.metrics import per_user_metrics, target_rank
+from recsys.models.base import SequentialModel
+from recsys.prepare import Prepared, load
+from recsys.sequences import SequenceData, eval_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    metrics: dict[str, float]
+    per_user: pd.DataFrame  # user, user_id, rank, ndcg@k, hr@k, mrr (one row per evaluated user)
+    eval_fingerprint: str
+    split: str
+    seconds: float
+
+
+def eval_fingerprint(prepared: Prepared, split: str) -> str:
+    """Identifies the evaluation set: the same prepared dataset and split ⇒ the same users, inputs, targets."""
+    return hashlib.sha256(f"{prepared.fingerprint['fingerprint']}:{split}".encode()).hexdigest()
+
+
+def model_max_len(model: SequentialModel) -> int:
+    return int(getattr(getattr(model, "config", None), "max_len", 1) or 1)
+
+
+@torch.no_grad()
+def rank_targets(
+    model: SequentialModel,
+    data: SequenceData,
+    split: str,
+    *,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+    item_map: np.ndarray | None = None,
+    user_map: np.ndarray | None = None,
+    sampled_negatives: int = 0,
+    seed: int = 0,
+) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
+    """(users, full-ranking ranks, sampled ranks or None) for every target of `split`."""
+    was_training = model.training
+    model.eval()
+    targets = data.eval_targets(split)
+    max_len = model_max_len(model)
+    generator = torch.Generator().manual_seed(seed)
+    users, ranks, sampled = [], [], []
+    for start in range(0, len(targets), batch_size):
+        eb = eval_batch(data, targets[start : start + batch_size], max_len, item_map, user_map)
+        scores = model.score(eb.batch.to(device)).float()  # (B, I_model + 1)
+        if item_map is not None:
+            scores = torch.where(torch.from_numpy(item_map > 0).to(scores.device), scores[:, item_map], float("-inf"))
+        scores = scores.cpu()  # (B, I + 1) in dataset ids
+        candidates = torch.ones_like(scores, dtype=torch.bool)
+        candidates[:, 0] = False
+        candidates[eb.seen_rows, eb.seen_items] = False
+        ranks.append(target_rank(scores, eb.targets, candidates))
+        users.append(eb.users)
+        if sampled_negatives:
+            sampled.append(_sampled_rank(scores, eb.targets, candidates, sampled_negatives, generator))
+    model.train(was_training)
+    if not ranks:
+        return np.zeros(0, np.int64), torch.zeros(0, dtype=torch.long), None
+    return np.concatenate(users), torch.cat(ranks), (torch.cat(sampled) if sampled else None)
+
+
+def _sampled_rank(scores, targets, candidates, n, generator) -> torch.Tensor:
+    """Rank among `n` uniformly sampled unseen negatives — a labelled extra, never the headline."""
+    weights = candidates.double()
+    weights[torch.arange(len(targets)), targets] = 0.0
+    n = min(n, int(weights.sum(1).min().item()))
+    neg = torch.multinomial(weights, n, replacement=False, generator=generator)  # (B, n)
+    sub = torch.cat([targets[:, None], neg], dim=1)
+    sub_scores = scores.gather(1, sub)
+    return target_rank(sub_scores, torch.zeros_like(targets), torch.ones_like(sub_scores, dtype=torch.bool))
+
+
+def summarise(per_user: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {name: float(values.mean()) if len(values) else float("nan") for name, values in per_user.items()}
+
+
+def evaluate_model(
+    model: SequentialModel,
+    prepared: Prepared,
+    split: str,
+    config: EvaluateConfig = EvaluateConfig(),
+    *,
+    data: SequenceData | None = None,
+    device: torch.device | str = "cpu",
+    item_map: np.ndarray | None = None,
+    user_map: np.ndarray | None = None,
+) -> EvalResult:
+    started = time.perf_counter()
+    data = data or SequenceData.from_prepared(prepared)
+    users, ranks, sampled = rank_targets(
+        model, data, split, batch_size=config.batch_size, device=device, item_map=item_map,
+        user_map=user_map, sampled_negatives=config.sampled_negatives, seed=config.seed,
+    )
+    values = per_user_metrics(ranks, config.ks)
+    metrics = summarise(values)
+    if sampled is not None:
+        for name, vals in per_user_metrics(sampled, config.ks).items():
+            metrics[f"sampled{config.sampled_negatives}_{name}"] = float(vals.mean())
+    metrics["n_users"] = int(len(users))
+    user_ids = prepared.users.set_index("user")["user_id"]
+    per_user = pd.DataFrame({"user": users.astype(np.int32), "user_id": user_ids.loc[users].to_numpy(),
+                             "rank": ranks.numpy().astype(np.int64)})
+    for name, vals in values.items():
+        per_user[name] = vals.numpy()
+    return EvalResult(metrics, per_user, eval_fingerprint(prepared, split), split, time.perf_counter() - started)
+
+
+def vocabulary_maps(meta_items: list, meta_users: list, prepared: Prepared) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Dataset id → model id (0 = unknown to the model); None where the vocabularies are identical."""
+    ds_items = [None, *prepared.items["item_id"].tolist()]
+    ds_users = [None, *prepared.users["user_id"].tolist()]
+
+    def build(model_ids: list, dataset_ids: list) -> np.ndarray | None:
+        if list(model_ids) == dataset_ids:
+            return None
+        index = {raw: i for i, raw in enumerate(model_ids) if i > 0}
+        return np.array([0] + [index.get(raw, 0) for raw in dataset_ids[1:]], dtype=np.int64)
+
+    return build(meta_items, ds_items), build(meta_users, ds_users)
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: str | Path,
+    prepared_dir: str | Path,
+    split: str = "test",
+    config: EvaluateConfig = EvaluateConfig(),
+    device: str = "cpu",
+) -> EvalResult:
+    from recsys.checkpoint import load_model
+
+    model, meta = load_model(checkpoint_dir, device=device)
+    prepared = load(prepared_dir)
+    item_map, user_map = vocabulary_maps(meta["items"], meta["users"], prepared)
+    return evaluate_model(model, prepared, split, config, device=device, item_map=item_map, user_map=user_map)
+
+
+def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, extra: dict | None = None) -> None:
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    per_user_path.parent.mkdir(parents=True, exist_ok=True)
+    result.per_user.to_parquet(per_user_path, index=False)
+    payload = {**result.metrics, "eval_seconds": round(result.seconds, 3), "eval_fingerprint": result.eval_fingerprint,
+               **(extra or {})}
+    metrics_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="evaluate stage: score the test split once")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--params", default=str(PROJECT_ROOT / "params.yaml"))
+    parser.add_argument("--root", default=str(PROJECT_ROOT))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    name = validate_name(args.model, "model name")
+    params = load_params(args.params)
+    root = Path(args.root)
+    from recsys.train import resolve_device
+
+    device = resolve_device(params.train_config(name).device)
+    result = evaluate_checkpoint(root / "artifacts" / "models" / name, root / "artifacts" / "prepared", "test",
+                                 params.evaluate, device=str(device))
+    train_summary = json.loads((root / "artifacts" / "models" / name / "model.json").read_text())
+    write_outputs(result, root / "metrics" / f"{name}.json", root / "artifacts" / "eval" / name / "per_user.parquet",
+                  {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})
+    log.info("evaluate model=%s split=test %s", name,
+             " ".join(f"{k}={v:.4f}" for k, v in result.metrics.items() if isinstance(v, float)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Model registry: every model is selectable by name in params.yaml and built by `build_model`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from recsys.models.base import Batch, SequentialModel
+from recsys.models.mostpop import MostPop, MostPopConfig
+from recsys.models.sasrec import SASRec, SASRecConfig
+
+MODELS: dict[str, type[SequentialModel]] = {"mostpop": MostPop, "sasrec": SASRec}
+MODEL_CONFIGS: dict[str, type] = {"mostpop": MostPopConfig, "sasrec": SASRecConfig}
+
+try:  # Models added as their files land; a missing file must not break the others.
+    from recsys.models.bert4rec import BERT4Rec, BERT4RecConfig
+
+    MODELS["bert4rec"], MODEL_CONFIGS["bert4rec"] = BERT4Rec, BERT4RecConfig
+except ImportError:  # pragma: no cover
+    pass
+try:
+    from recsys.models.mojito import Mojito, MojitoConfig
+
+    MODELS["mojito"], MODEL_CONFIGS["mojito"] = Mojito, MojitoConfig
+except ImportError:  # pragma: no cover
+    pass
+
+
+def build_model(name: str, config: Any, n_items: int, n_users: int) -> SequentialModel:
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; available: {sorted(MODELS)}")
+    return MODELS[name](config, n_items=n_items, n_users=n_users)
+
+
+def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
+    cls = MODEL_CONFIGS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"{name}: unknown config key(s) {sorted(unknown)}")
+    return cls(**raw)
+
+
+__all__ = ["Batch", "SequentialModel", "MODELS", "MODEL_CONFIGS", "build_model", "config_from_dict"]

@@ -1,0 +1,62 @@
+"""The contract every model follows, and the batch it sees.
+
+Training and evaluation share one `Batch` layout: sequences are left-padded with item 0 (padding), so the
+newest event is always at position -1. A model implements
+
+    loss(batch)  -> scalar tensor          (training objective on `targets`)
+    score(batch) -> (B, n_items + 1)       (scores for the event after the last input; column 0 = padding)
+
+and may override `fit_statistics` for what it learns by counting (MostPop). The training objective lives in
+the model (causal next-item for SASRec/MOJITO, cloze for BERT4Rec) — the encoder is the shared part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Batch:
+    items: torch.Tensor  # (B, L) long, left-padded with 0
+    times: torch.Tensor  # (B, L) long, UTC seconds of each input event (0 at padding)
+    users: torch.Tensor  # (B,) long, 1-based user index (0 = unknown user)
+    # Training: the next item after each position (0 = no target) and its time.
+    targets: torch.Tensor | None = None  # (B, L) long
+    target_times: torch.Tensor | None = None  # (B, L) long
+    # Evaluation / serving: the time of the event being predicted.
+    next_time: torch.Tensor | None = None  # (B,) long
+
+    def to(self, device: torch.device | str) -> Batch:
+        moved = {
+            f.name: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None
+        }
+        return replace(self, **moved)
+
+
+class SequentialModel(nn.Module):
+    """Base class: `n_items` real items with ids 1..n_items; id 0 is padding."""
+
+    name: ClassVar[str]
+    # False for models that learn only by counting (MostPop): the trainer skips gradient steps.
+    trainable: ClassVar[bool] = True
+
+    def __init__(self, n_items: int, n_users: int):
+        super().__init__()
+        self.n_items = n_items
+        self.n_users = n_users
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fit_statistics(self, train_items: torch.Tensor) -> None:
+        """Called once before training with every training event's item id (1-D long tensor)."""
+        return None

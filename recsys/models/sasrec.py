@@ -1,0 +1,151 @@
+"""SASRec: Self-Attentive Sequential Recommendation (Kang & McAuley, ICDM 2018).
+
+Causal self-attention over the item sequence with learnable positions and item embeddings shared between
+input and output. Losses (`loss` config field):
+
+- `bce`: one uniformly sampled negative per position, binary cross-entropy — the paper's objective.
+- `sampled_ce`: softmax cross-entropy over the target and `n_negatives` shared uniform negatives.
+- `ce`: full softmax cross-entropy over the catalogue (Klenitskiy & Vasilev, RecSys 2023: "SASRec+").
+- `gbce`: gSASRec's generalised BCE with `n_negatives` negatives and calibration `gbce_t`
+  (Petrov & Macdonald, RecSys 2023).
+
+Positions are counted from the newest event (the newest is position 0). With the reference code's
+fixed-length left padding this is the same indexing, and it makes outputs invariant to extra padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recsys.models.base import Batch, SequentialModel
+from recsys.models.blocks import TransformerBlock, attention_mask
+
+
+@dataclass(frozen=True)
+class SASRecConfig:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 1
+    dropout: float = 0.2
+    max_len: int = 200
+    loss: Literal["ce", "bce", "sampled_ce", "gbce"] = "ce"
+    n_negatives: int = 256
+    gbce_t: float = 0.75
+
+
+def positions_from_end(items: torch.Tensor) -> torch.Tensor:
+    """(B, L) position ids with the newest (rightmost) event at 0."""
+    L = items.shape[1]
+    return torch.arange(L - 1, -1, -1, device=items.device).expand_as(items)
+
+
+def sample_negatives(n_items: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.randint(1, n_items + 1, shape, device=device)
+
+
+def sampled_logits(hidden: torch.Tensor, item_emb: torch.Tensor, targets: torch.Tensor, negatives: torch.Tensor):
+    """Logits of the target (column 0) and of negatives; a negative equal to the target is masked out.
+
+    hidden (N, D), targets (N,), negatives (N, K) or (K,) shared across rows.
+    """
+    pos = (hidden * item_emb[targets]).sum(-1, keepdim=True)  # (N, 1)
+    if negatives.dim() == 1:
+        neg = hidden @ item_emb[negatives].T  # (N, K)
+        hit = negatives[None, :] == targets[:, None]
+    else:
+        neg = torch.einsum("nd,nkd->nk", hidden, item_emb[negatives])  # (N, K)
+        hit = negatives == targets[:, None]
+    neg = neg.masked_fill(hit, float("-inf"))
+    return torch.cat([pos, neg], dim=1)  # (N, 1 + K)
+
+
+def gbce_loss(logits: torch.Tensor, n_items: int, t: float) -> torch.Tensor:
+    """gSASRec's gBCE: the positive probability is raised to β to undo negative-sampling overconfidence."""
+    k = logits.shape[1] - 1
+    alpha = k / (n_items - 1)
+    beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha)
+    pos = logits[:, :1].double()
+    eps = 1e-10
+    pos_prob = torch.sigmoid(pos).clamp(eps, 1 - eps)
+    # log σ(s)^β expressed as a logit so BCE-with-logits applies unchanged.
+    pos_adj = pos_prob.pow(-beta).clamp(min=1 + eps)
+    pos_logit = torch.log((1.0 / (pos_adj - 1)).clamp(min=eps)).to(logits.dtype)
+    neg = logits[:, 1:]
+    # Masked negatives (-inf) contribute log(1 - σ(-inf)) = 0.
+    neg_loss = F.softplus(neg).nan_to_num(0.0).sum(1)
+    pos_loss = F.softplus(-pos_logit).squeeze(1)
+    return (pos_loss + neg_loss).mean()
+
+
+class SASRec(SequentialModel):
+    name = "sasrec"
+
+    def __init__(self, config: SASRecConfig, n_items: int, n_users: int):
+        super().__init__(n_items, n_users)
+        self.config = config
+        d = config.dim
+        self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)
+        self.pos_emb = nn.Embedding(config.max_len, d)
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=d) for _ in range(config.n_layers)
+        )
+        self.final_norm = nn.LayerNorm(d)
+        self.apply(_init_weights)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        items = batch.items[:, -self.config.max_len :]  # (B, L)
+        x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
+        x = x + self.pos_emb(positions_from_end(items))
+        x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
+        mask = attention_mask(items, causal=True)  # (B, 1, L, L)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.final_norm(x)  # (B, L, D)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        hidden = self(batch)  # (B, L, D)
+        targets = batch.targets[:, -self.config.max_len :]
+        keep = targets > 0
+        h, y = hidden[keep], targets[keep]  # (N, D), (N,)
+        emb = self.item_emb.weight  # (I + 1, D)
+        cfg = self.config
+        if cfg.loss == "ce":
+            logits = h @ emb.T  # (N, I + 1)
+            logits[:, 0] = float("-inf")
+            return F.cross_entropy(logits.float(), y)
+        if cfg.loss == "bce":
+            neg = sample_negatives(self.n_items, (y.shape[0], 1), h.device)
+            logits = sampled_logits(h, emb, y, neg)  # (N, 2)
+            pos_loss = F.softplus(-logits[:, 0])
+            neg_loss = F.softplus(logits[:, 1]).nan_to_num(0.0)
+            return (pos_loss + neg_loss).mean()
+        if cfg.loss == "sampled_ce":
+            neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)
+            logits = sampled_logits(h, emb, y, neg)
+            return F.cross_entropy(logits.float(), torch.zeros_like(y))
+        neg = sample_negatives(self.n_items, (y.shape[0], cfg.n_negatives), h.device)
+        return gbce_loss(sampled_logits(h, emb, y, neg), self.n_items, cfg.gbce_t)
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        last = self(batch)[:, -1]  # (B, D)
+        scores = last @ self.item_emb.weight.T  # (B, I + 1)
+        scores[:, 0] = float("-inf")
+        return scores
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.xavier_normal_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()

@@ -1,0 +1,148 @@
+"""Prepared events → padded tensor batches for training and evaluation.
+
+Events are held as flat arrays sorted by user (CSR-style `offsets`), so building a batch is slicing, never a
+per-event Python loop. Training batches are length-bucketed: sequences of similar length share a batch, which
+cuts padding (and time) several-fold on long-tailed data like MovieLens while batch order stays random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recsys.models.base import Batch
+from recsys.prepare import ROLE_OF_SPLIT, TRAIN, Prepared
+
+
+@dataclass(frozen=True)
+class SequenceData:
+    n_items: int
+    n_users: int
+    offsets: np.ndarray  # (n_users + 1,) events of user u (1-based) are offsets[u - 1]:offsets[u]
+    items: np.ndarray  # (n_events,) int64
+    times: np.ndarray  # (n_events,) int64
+    roles: np.ndarray  # (n_events,) int8
+
+    @classmethod
+    def from_prepared(cls, prepared: Prepared) -> SequenceData:
+        ev = prepared.events
+        users = ev["user"].to_numpy()
+        counts = np.bincount(users, minlength=prepared.n_users + 1)[1:]
+        return cls(
+            n_items=prepared.n_items,
+            n_users=prepared.n_users,
+            offsets=np.r_[0, np.cumsum(counts)].astype(np.int64),
+            items=ev["item"].to_numpy(np.int64),
+            times=ev["timestamp"].to_numpy(np.int64),
+            roles=ev["role"].to_numpy(np.int8),
+        )
+
+    def train_spans(self, max_len: int) -> np.ndarray:
+        """(n, 3) rows of (user, start, end): each user's newest `max_len + 1` training events.
+
+        Training events come first in each user's sequence under both split methods."""
+        is_train = (self.roles == TRAIN).astype(np.int64)
+        n_train = np.add.reduceat(is_train, self.offsets[:-1]) if len(is_train) else np.zeros(0, np.int64)
+        n_train = np.where(np.diff(self.offsets) > 0, n_train, 0)
+        users = np.flatnonzero(n_train >= 2)
+        ends = self.offsets[users] + n_train[users]
+        starts = np.maximum(self.offsets[users], ends - (max_len + 1))
+        return np.stack([users + 1, starts, ends], axis=1)
+
+    def train_items(self) -> torch.Tensor:
+        return torch.from_numpy(self.items[self.roles == TRAIN])
+
+    def eval_targets(self, split: str) -> np.ndarray:
+        """Event indices of the validation or test targets, in user order."""
+        return np.flatnonzero(self.roles == ROLE_OF_SPLIT[split])
+
+
+def _pad_left(rows: list[np.ndarray], width: int) -> np.ndarray:
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for r, row in enumerate(rows):
+        if len(row):
+            out[r, width - len(row) :] = row
+    return out
+
+
+def train_batch(data: SequenceData, spans: np.ndarray) -> Batch:
+    """Inputs are events[start:end-1], targets the events one step later."""
+    width = int((spans[:, 2] - spans[:, 1]).max()) - 1
+    items = [data.items[s : e - 1] for _, s, e in spans]
+    targets = [data.items[s + 1 : e] for _, s, e in spans]
+    times = [data.times[s : e - 1] for _, s, e in spans]
+    target_times = [data.times[s + 1 : e] for _, s, e in spans]
+    return Batch(
+        items=torch.from_numpy(_pad_left(items, width)),
+        times=torch.from_numpy(_pad_left(times, width)),
+        users=torch.from_numpy(spans[:, 0].astype(np.int64)),
+        targets=torch.from_numpy(_pad_left(targets, width)),
+        target_times=torch.from_numpy(_pad_left(target_times, width)),
+    )
+
+
+def bucketed_batches(spans: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
+    """Shuffle, sort by length within chunks of 50 batches, split into batches, shuffle batch order."""
+    order = torch.randperm(len(spans), generator=generator).numpy()
+    spans = spans[order]
+    chunk = batch_size * 50
+    batches = []
+    for c in range(0, len(spans), chunk):
+        part = spans[c : c + chunk]
+        part = part[np.argsort(part[:, 2] - part[:, 1], kind="stable")]
+        batches.extend(part[b : b + batch_size] for b in range(0, len(part), batch_size))
+    perm = torch.randperm(len(batches), generator=generator).numpy()
+    return [batches[i] for i in perm]
+
+
+@dataclass(frozen=True)
+class EvalBatch:
+    batch: Batch
+    targets: torch.Tensor  # (B,) target item (dataset ids)
+    seen_rows: torch.Tensor  # (S,) row of each seen (row, item) pair
+    seen_items: torch.Tensor  # (S,) item of each pair (dataset ids)
+    users: np.ndarray  # (B,) dataset user ids (1-based)
+
+
+def eval_batch(
+    data: SequenceData,
+    target_idx: np.ndarray,
+    max_len: int,
+    item_map: np.ndarray | None = None,
+    user_map: np.ndarray | None = None,
+) -> EvalBatch:
+    """Model input = every earlier event of the target's user (newest `max_len`), seen = all of them.
+
+    `item_map` / `user_map` translate dataset ids into a model's own ids (0 = unknown to the model); unknown
+    items are dropped from the model input. Seen items and targets stay in dataset ids.
+    """
+    user_of = np.searchsorted(data.offsets, target_idx, side="right")  # 1-based user
+    starts = data.offsets[user_of - 1]
+    histories = [data.items[s:t] for s, t in zip(starts, target_idx)]
+    hist_times = [data.times[s:t] for s, t in zip(starts, target_idx)]
+    model_items, model_times = [], []
+    for hist, ts in zip(histories, hist_times):
+        if item_map is not None:
+            mapped = item_map[hist]
+            known = mapped > 0
+            hist, ts = mapped[known], ts[known]
+        model_items.append(hist[-max_len:])
+        model_times.append(ts[-max_len:])
+    width = max(1, max(len(h) for h in model_items))
+    seen_rows = np.concatenate([np.full(len(h), r) for r, h in enumerate(histories)]).astype(np.int64)
+    seen_items = np.concatenate(histories).astype(np.int64) if histories else np.zeros(0, np.int64)
+    users = user_of.astype(np.int64)
+    return EvalBatch(
+        batch=Batch(
+            items=torch.from_numpy(_pad_left(model_items, width)),
+            times=torch.from_numpy(_pad_left(model_times, width)),
+            users=torch.from_numpy(user_map[users] if user_map is not None else users),
+            next_time=torch.from_numpy(data.times[target_idx]),
+        ),
+        targets=torch.from_numpy(data.items[target_idx]),
+        seen_rows=torch.from_numpy(seen_rows),
+        seen_items=torch.from_numpy(seen_items),
+        users=users,
+    )

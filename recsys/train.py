@@ -1,0 +1,287 @@
+"""Training: (prepared dataset, config) → checkpoint. No other state is read.
+
+Seeded; early stopping on validation NDCG@10 (full ranking) — validation selects, the test split is never
+touched here. Each epoch writes one `key=value` log line and one row of the training curve (for
+`dvc plots show`). The best model is checkpointed as safetensors + JSON. Resumable: after each epoch the
+trainer saves its full state (weights, optimizer, RNG, counters) under a key made of the dataset fingerprint
+and the configuration, so an interrupted run continues where it stopped — and a run with other data or
+other hyperparameters can never pick up a stale state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from recsys.checkpoint import save_checkpoint
+from recsys.config import PROJECT_ROOT, EvaluateConfig, TrainConfig, load_params, validate_name
+from recsys.evaluate import rank_targets, summarise
+from recsys.metrics import per_user_metrics
+from recsys.models import build_model
+from recsys.prepare import Prepared, load
+from recsys.sequences import SequenceData, bucketed_batches, train_batch
+
+log = logging.getLogger(__name__)
+
+SELECTION_METRIC = "ndcg@10"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    model: str
+    best_epoch: int
+    best_valid: dict[str, float]
+    epochs_run: int
+    seconds: float
+    seconds_to_best: float
+    sequences_per_second: float
+    checkpoint: Path
+    stopped_by: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str) -> str:
+    blob = json.dumps(
+        {"model": model_name, "config": dataclasses.asdict(model_config),
+         "train": dataclasses.asdict(train_config), "data": fingerprint},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+class _Resume:
+    """Full trainer state after an epoch, as safetensors + JSON."""
+
+    def __init__(self, root: Path, key: str):
+        self.dir = root / key
+
+    def save(self, model, optimizer, generator: torch.Generator, state: dict) -> None:
+        tmp = self.dir.with_name(self.dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        opt = optimizer.state_dict()
+        for pid, pstate in opt["state"].items():
+            for name, value in pstate.items():
+                tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
+        tensors["rng.torch"] = torch.get_rng_state()
+        tensors["rng.generator"] = generator.get_state()
+        save_file(tensors, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "param_groups": opt["param_groups"]}))
+        shutil.rmtree(self.dir, ignore_errors=True)
+        tmp.rename(self.dir)
+
+    def load(self, model, optimizer, generator: torch.Generator, device) -> dict | None:
+        if not (self.dir / "state.json").is_file():
+            return None
+        tensors = load_file(str(self.dir / "state.safetensors"))
+        state = json.loads((self.dir / "state.json").read_text())
+        model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
+        optim_state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, pid, name = key.split(".", 2)
+                optim_state.setdefault(int(pid), {})[name] = value.to(device) if name != "step" else value
+        optimizer.load_state_dict({"state": optim_state, "param_groups": state.pop("param_groups")})
+        torch.set_rng_state(tensors["rng.torch"])
+        generator.set_state(tensors["rng.generator"])
+        return state
+
+    def clear(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _progress(enabled: str, total: int, desc: str):
+    show = enabled == "on" or (enabled == "auto" and sys.stderr.isatty())
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False, unit="batch")
+
+
+def validate(model, data: SequenceData, config: TrainConfig, device) -> dict[str, float]:
+    _, ranks, _ = rank_targets(model, data, "valid", batch_size=config.eval_batch_size, device=device)
+    return summarise(per_user_metrics(ranks, (10,)))
+
+
+def train_model(
+    model_name: str,
+    model_config: Any,
+    train_config: TrainConfig,
+    prepared: Prepared | str | Path,
+    out_dir: str | Path,
+    *,
+    curve_path: str | Path | None = None,
+    resume_root: str | Path | None = None,
+    on_epoch=None,
+) -> TrainResult:
+    """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
+
+    `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress)."""
+    started = time.perf_counter()
+    prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
+    cfg = train_config
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    data = SequenceData.from_prepared(prepared)
+    fingerprint = prepared.fingerprint["fingerprint"]
+    model = build_model(model_name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
+    model.fit_statistics(data.train_items().to(device))
+    item_ids = prepared.items["item_id"].tolist()
+    user_ids = prepared.users["user_id"].tolist()
+    out_dir = Path(out_dir)
+    curve_rows: list[dict] = []
+
+    def checkpoint(epoch: int, valid: dict) -> None:
+        save_checkpoint(out_dir, model, dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids,
+                        extra={"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)})
+
+    if not model.trainable:
+        valid = validate(model, data, cfg, device)
+        checkpoint(0, valid)
+        row = {"epoch": 0, "loss": float("nan"), f"valid_{SELECTION_METRIC}": valid[SELECTION_METRIC],
+               "valid_hr@10": valid["hr@10"], "seconds": time.perf_counter() - started}
+        _write_curve(curve_path, [row])
+        log.info("epoch=0 model=%s valid_ndcg@10=%.4f valid_hr@10=%.4f (counting model: no training)",
+                 model_name, valid[SELECTION_METRIC], valid["hr@10"])
+        elapsed = time.perf_counter() - started
+        return TrainResult(model_name, 0, valid, 0, elapsed, elapsed, 0.0, out_dir, "not_trainable")
+
+    max_len = int(model_config.max_len)
+    spans = data.train_spans(max_len)
+    if len(spans) == 0:
+        raise ValueError("no user has two or more training events; nothing to train on")
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    resume = _Resume(Path(resume_root or PROJECT_ROOT / ".resume"), run_key(model_name, model_config, cfg, fingerprint))
+    state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
+             "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0}
+    restored = resume.load(model, optimizer, generator, device)
+    if restored:
+        state.update(restored)
+        log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
+    curve_rows = state["curve"]
+    use_amp = device.type == "cuda"
+    stopped_by = "max_epochs"
+    time_offset = state["seconds"] - (time.perf_counter() - started)
+
+    while state["epoch"] < cfg.epochs:
+        epoch = state["epoch"] + 1
+        model.train()
+        batches = bucketed_batches(spans, cfg.batch_size, generator)
+        bar = _progress(cfg.progress, len(batches), f"{model_name} epoch {epoch}")
+        total_loss, n_batches, epoch_start = 0.0, 0, time.perf_counter()
+        for spans_batch in batches:
+            batch = train_batch(data, spans_batch).to(device)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
+                loss = model.loss(batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{model_name}: non-finite loss {loss.item()} at epoch {epoch}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            total_loss += loss.item()
+            n_batches += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{total_loss / n_batches:.4f}")
+        if bar is not None:
+            bar.close()
+        state["sequences"] += len(spans)
+        train_seconds = time.perf_counter() - epoch_start
+        valid = validate(model, data, cfg, device)
+        now = time.perf_counter() - started + time_offset
+        score = valid[SELECTION_METRIC]
+        improved = score > state["best"]
+        row = {"epoch": epoch, "loss": total_loss / max(n_batches, 1), f"valid_{SELECTION_METRIC}": score,
+               "valid_hr@10": valid["hr@10"], "seconds": round(now, 3)}
+        curve_rows.append(row)
+        log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.1f "
+                 "seq_per_s=%.0f", epoch, model_name, row["loss"], score, valid["hr@10"],
+                 "yes" if improved else "no", train_seconds, len(spans) / max(train_seconds, 1e-9))
+        if improved:
+            state.update(best=score, best_epoch=epoch, best_valid=valid, bad_epochs=0, seconds_to_best=now)
+            checkpoint(epoch, valid)
+        else:
+            state["bad_epochs"] += 1
+        state.update(epoch=epoch, seconds=now, curve=curve_rows)
+        _write_curve(curve_path, curve_rows)
+        resume.save(model, optimizer, generator, state)
+        if on_epoch is not None:
+            on_epoch(epoch, row)
+        if state["bad_epochs"] >= cfg.patience:
+            stopped_by = "early_stopping"
+            break
+        if cfg.max_minutes and now > cfg.max_minutes * 60:
+            stopped_by = "time_limit"
+            break
+    resume.clear()
+    seconds = time.perf_counter() - started + time_offset
+    return TrainResult(
+        model=model_name, best_epoch=state["best_epoch"], best_valid=state["best_valid"], epochs_run=state["epoch"],
+        seconds=seconds, seconds_to_best=state["seconds_to_best"],
+        sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
+    )
+
+
+def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
+    if path is None or not rows:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="train stage: prepared dataset → best checkpoint")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--params", default=str(PROJECT_ROOT / "params.yaml"))
+    parser.add_argument("--root", default=str(PROJECT_ROOT))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    name = validate_name(args.model, "model name")
+    params = load_params(args.params)
+    root = Path(args.root)
+    result = train_model(
+        name, params.model_config(name), params.train_config(name), root / "artifacts" / "prepared",
+        root / "artifacts" / "models" / name, curve_path=root / "plots" / f"{name}.csv",
+        resume_root=root / ".resume",
+    )
+    log.info("trained model=%s best_epoch=%d valid_ndcg@10=%.4f seconds=%.1f stopped_by=%s", name,
+             result.best_epoch, result.best_valid.get(SELECTION_METRIC, float("nan")), result.seconds,
+             result.stopped_by)
+
+
+if __name__ == "__main__":
+    main()
