@@ -1,0 +1,169 @@
+"""Model benchmark: every model (and SASRec loss) on real MovieLens data, same protocol as the pipeline.
+
+Protocol (../shared/PROTOCOL.md): 5-core, stable time order, leave-one-out, validation NDCG@10 selects the
+epoch and early-stops (patience from params.yaml), the test split is scored once with full ranking.
+
+    python benchmarks/bench_models.py --dataset ml-100k --runs mostpop sasrec:ce sasrec:bce
+    python benchmarks/bench_models.py --dataset ml-1m-half --runs sasrec:ce --max-minutes 20
+
+A run is `model` or `model:loss`. `--max-minutes` bounds one run's training (the best checkpoint so far is
+kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the table, never hidden).
+Results are merged into benchmarks/results/models.json and the table in benchmarks/RESULTS.md is rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recsys.config import load_params  # noqa: E402
+from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
+from recsys.evaluate import evaluate_checkpoint, write_outputs  # noqa: E402
+from recsys.prepare import prepare, save  # noqa: E402
+from recsys.train import resolve_device, train_model  # noqa: E402
+
+READERS = {"ml-1m-half": read_movielens_1m, "ml-100k": read_movielens_100k}
+RESULTS = ROOT / "benchmarks" / "results" / "models.json"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
+
+
+def git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str) -> dict:
+    name, _, loss = run.partition(":")
+    model_config = params.model_config(name)
+    if loss:
+        model_config = dataclasses.replace(model_config, loss=loss)
+    train_config = dataclasses.replace(params.train_config(name), max_minutes=max_minutes, device=device,
+                                       progress="off")
+    out = work / run.replace(":", "-")
+    result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
+                         resume_root=work / "resume")
+    ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
+    return {
+        "run": run,
+        "model": name,
+        "config": dataclasses.asdict(model_config),
+        "train": dataclasses.asdict(train_config),
+        "test_ndcg@10": ev.metrics["ndcg@10"],
+        "test_hr@10": ev.metrics["hr@10"],
+        "test": {k: v for k, v in ev.metrics.items()},
+        "valid_ndcg@10": result.best_valid.get("ndcg@10"),
+        "best_epoch": result.best_epoch,
+        "epochs_run": result.epochs_run,
+        "seconds_to_best": round(result.seconds_to_best, 1),
+        "seconds_total": round(result.seconds, 1),
+        "train_sequences_per_second": round(result.sequences_per_second, 1),
+        "eval_seconds_all_users": round(ev.seconds, 3),
+        "stopped_by": result.stopped_by,
+        "curve": [json.loads(json.dumps(r)) for r in _read_curve(work / f"{out.name}.csv")],
+    }
+
+
+def _read_curve(path: Path) -> list[dict]:
+    import csv
+
+    if not path.is_file():
+        return []
+    with path.open() as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def merge(results: list[dict]) -> list[dict]:
+    existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    keep = {(r["dataset"], r["run"]): r for r in existing}
+    for r in results:
+        keep[(r["dataset"], r["run"])] = r
+    merged = sorted(keep.values(), key=lambda r: (r["dataset"], r["run"]))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(merged, indent=1) + "\n")
+    return merged
+
+
+def render_table(rows: list[dict]) -> str:
+    lines = [
+        "| dataset | run | test NDCG@10 | test HR@10 | best epoch | epochs run | time to best (s) | train seq/s "
+        "| eval all users (s) | stopped by | machine | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['run']} | {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} | {r['best_epoch']} "
+            f"| {r['epochs_run']} | {r['seconds_to_best']} | {r['train_sequences_per_second']} "
+            f"| {r['eval_seconds_all_users']} | {r['stopped_by']} | {r['machine']} | {r['commit']} |"
+        )
+    return "\n".join(lines)
+
+
+def update_results_md(rows: list[dict]) -> None:
+    md = ROOT / "benchmarks" / "RESULTS.md"
+    begin, end = "<!-- models:begin -->", "<!-- models:end -->"
+    text = md.read_text() if md.is_file() else f"# Benchmark results\n\n{begin}\n{end}\n"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    md.write_text(f"{head}{begin}\n{render_table(rows)}\n{end}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(READERS), required=True)
+    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--runs", nargs="+", default=["mostpop", "sasrec:ce"])
+    parser.add_argument("--max-minutes", type=float, default=0.0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    params = load_params(args.params)
+    folder = Path(args.data_root) / args.dataset
+    started = time.perf_counter()
+    prepared = prepare(READERS[args.dataset](folder), params.prepare, read_movielens_titles(folder))
+    logging.info("prepared %s in %.1fs: %s", args.dataset, time.perf_counter() - started,
+                 {k: v for k, v in prepared.fingerprint.items() if k.startswith("n_")})
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        work = Path(tmp)
+        save(prepared, work / "prepared")
+        for run in args.runs:
+            row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device)
+            row.update(dataset=args.dataset, machine=machine(), commit=git_commit(),
+                       command=" ".join([Path(sys.executable).name, *sys.argv]),
+                       n_users=prepared.n_users, n_items=prepared.n_items)
+            merged = merge([row])
+            update_results_md(merged)
+            logging.info("%s %s test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs stopped_by=%s",
+                         args.dataset, run, row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
+                         row["seconds_to_best"], row["stopped_by"])
+
+
+if __name__ == "__main__":
+    main()
