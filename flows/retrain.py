@@ -53,7 +53,7 @@ def _read_curve(path: Path) -> list[dict[str, float]]:
 @task(name="dvc-status")
 def stale_stages(root: str, targets: list[str]) -> list[str]:
     """Stages `dvc repro` would run (empty when nothing changed)."""
-    done = run_dvc(Path(root), "status", "--json", *targets)
+    done = run_dvc(Path(root), "status", "--json", "--with-deps", *targets)
     return sorted(json.loads(done.stdout or "{}"))
 
 

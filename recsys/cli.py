@@ -53,6 +53,23 @@ def data_generate(
     typer.echo(f"wrote {part}")
 
 
+@data_app.command("batch")
+def data_batch(
+    index: int = typer.Argument(1, help="batch number (1, 2, …): later batches cover later periods"),
+    out: Optional[Path] = typer.Option(None, help="file to write (default: inbox/generated-<index>.csv)"),
+    params: Path = PARAMS,
+) -> None:
+    """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
+    from recsys.data import generate_batch
+
+    loaded = load_params(params)
+    target = out or PROJECT_ROOT / loaded.ingest.inbox / f"generated-{index:04d}.csv"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    frame = generate_batch(loaded.generate, index)
+    frame.to_csv(target, index=False, lineterminator="\n")
+    typer.echo(f"wrote {len(frame)} interactions to {target}")
+
+
 @data_app.command("download")
 def data_download(
     name: str = typer.Argument(..., help="movielens-1m | movielens-100k"),

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,3 +240,23 @@ def write_store(generated: Generated, store: str | Path) -> Path:
     write_table(generated.interactions, part)
     generated.items.to_csv(store / "items.csv", index=False, lineterminator="\n")
     return part
+
+
+def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
+    """A follow-up batch for the generated dataset: the same users and items, later in time.
+
+    Batch `index` (1, 2, …) covers the `config.days` after the previous one, for a fifth of the users, so a
+    demo (or a test) can drop realistic new interactions into the inbox.
+    """
+    if index < 1:
+        raise DataError(f"batch index must be ≥ 1, got {index}")
+    start = pd.Timestamp(config.start)
+    start = start.tz_convert("UTC") if start.tzinfo else start.tz_localize("UTC")
+    later = dataclasses.replace(
+        config,
+        seed=config.seed + 1000 * index,
+        n_users=max(1, config.n_users // 5),
+        mean_events_per_user=max(5, config.mean_events_per_user // 4),
+        start=(start + pd.Timedelta(days=config.days * index)).isoformat(),
+    )
+    return generate(later).interactions

@@ -1,0 +1,40 @@
+"""Serve the deployments from this process (no work pool needed): nightly schedule + manual runs.
+
+    prefect server start                     # in another terminal (schedules need a running server)
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m flows.serve
+
+Retraining deployments are limited to one run at a time; the DVC workspace lock serialises the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prefect import serve
+
+from flows.ingest import ingest
+from flows.pipeline import pipeline
+from flows.retrain import retrain
+
+NIGHTLY_CRON = "0 2 * * *"
+
+
+def deployments(cron: str = NIGHTLY_CRON) -> list:
+    return [
+        pipeline.to_deployment(name="nightly", cron=cron, concurrency_limit=1, tags=["retraining"],
+                               description="Ingest the inbox, retrain what changed, gate and register."),
+        pipeline.to_deployment(name="manual", concurrency_limit=1, tags=["retraining"]),
+        retrain.to_deployment(name="manual", concurrency_limit=1, tags=["retraining"]),
+        ingest.to_deployment(name="manual", concurrency_limit=1),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cron", default=NIGHTLY_CRON, help="schedule of the nightly deployment (UTC)")
+    args = parser.parse_args()
+    serve(*deployments(args.cron))
+
+
+if __name__ == "__main__":
+    main()
