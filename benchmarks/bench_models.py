@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
-from recsys.evaluate import evaluate_checkpoint, write_outputs  # noqa: E402
+from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.train import resolve_device, train_model  # noqa: E402
 

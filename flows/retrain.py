@@ -163,6 +163,9 @@ def choose_candidate(results: dict[str, dict[str, Any]]) -> str | None:
 
 @task(name="promote", retries=2, retry_delay_seconds=3)
 def promote_candidate(root: str, candidate: str, params_file: str) -> dict[str, Any]:
+    from functools import partial
+
+    from recsys.evaluate import evaluate_checkpoint
     from recsys.registry import open_registry, read_eval_outputs
 
     root_path = Path(root)
@@ -176,6 +179,8 @@ def promote_candidate(root: str, candidate: str, params_file: str) -> dict[str, 
                 "train": dataclasses.asdict(params.train_config(candidate))},
         mostpop_result=baseline, dataset_version=data_version(root_path),
         prepared_dir=root_path / "artifacts" / "prepared", code_version=code_version(root_path),
+        # The champion is re-scored (when the data changed) with the same settings as the candidate.
+        evaluate_fn=partial(evaluate_checkpoint, config=params.evaluate),
     )
     return {**dataclasses.asdict(decision), "model": candidate}
 

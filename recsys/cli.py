@@ -171,7 +171,7 @@ _wire_optional_commands()
 def main() -> None:
     _setup_logging()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except _user_errors() as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         sys.exit(1)
@@ -184,6 +184,7 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -20,22 +20,18 @@ process at each step (`RECSYS_FAULT=<name>`).
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import hashlib
 import io
 import json
 import logging
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -45,10 +41,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
-import yaml
 
 from recsys import store as raw_store
-from recsys import validation
+from recsys import validation, workspace
+from recsys.workspace import FAULT_ENV, STATE_DIR, fault_point, run_dvc, workspace_lock  # noqa: F401 (re-exported for tests)
 from recsys.config import IngestConfig
 from recsys.schema import EVENT, ITEM, OPTIONAL_COLUMNS, RATING, REQUIRED_COLUMNS, TIMESTAMP, USER
 
@@ -56,8 +52,6 @@ log = logging.getLogger(__name__)
 
 CANONICAL = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
 KEY = [USER, ITEM, TIMESTAMP]
-STATE_DIR = ".ingest"  # lock + commit journal; git-ignored, outside the DVC-tracked store
-FAULT_ENV = "RECSYS_FAULT"
 FAULT_POINTS = ("after_journal", "after_part_write", "after_dvc_add", "after_manifest")
 READERS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 # Timestamps beyond this are not seconds (milliseconds, garbage) and would overflow int64 arithmetic.
@@ -94,13 +88,6 @@ class IngestSummary:
     report_markdown: str | None
     message: str
     quarantine_file: str | None = None
-
-
-def fault_point(name: str) -> None:
-    """Crash here (no cleanup, like a kill -9) when RECSYS_FAULT names this point. Used by tests only."""
-    if os.environ.get(FAULT_ENV) == name:
-        log.error("injected fault at %s", name)
-        os._exit(1)
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -414,16 +401,9 @@ def seen_in_history(frame: pd.DataFrame, history: pd.DataFrame) -> np.ndarray:
 # ------------------------------------------------------------------------------------ lock + manifest
 
 
-@contextlib.contextmanager
-def ingest_lock(paths: _Paths) -> Iterator[None]:
-    """One writer per workspace (DVC allows no more): an exclusive flock, released even on a crash."""
-    paths.state.mkdir(parents=True, exist_ok=True)
-    with open(paths.state / "lock", "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+def ingest_lock(paths: _Paths):
+    """One writer per workspace (DVC allows no more) — the lock the retrain flow takes too."""
+    return workspace_lock(paths.root)
 
 
 def read_manifest(manifest: Path) -> list[dict[str, Any]]:
@@ -486,18 +466,12 @@ def dvc_enabled(root: Path) -> bool:
 
 
 def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    executable = shutil.which("dvc", path=str(Path(sys.executable).parent)) or shutil.which("dvc")
-    command = [executable, *args] if executable else [sys.executable, "-m", "dvc", *args]
-    return subprocess.run(command, cwd=root, capture_output=True, text=True, check=False)
+    return run_dvc(root, *args, check=False)
 
 
 def data_version(paths: _Paths) -> str | None:
     """The md5 recorded in `data.dvc` (for a directory, DVC writes '<md5>.dir')."""
-    if not paths.dvc_file.exists():
-        return None
-    meta = yaml.safe_load(paths.dvc_file.read_text(encoding="utf-8")) or {}
-    outs = meta.get("outs") or []
-    return outs[0].get("md5") if outs else None
+    return workspace.data_version(paths.root, paths.dvc_file.name)
 
 
 def _dvc_add(paths: _Paths) -> str | None:

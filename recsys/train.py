@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
-from recsys.config import PROJECT_ROOT, EvaluateConfig, TrainConfig, load_params, validate_name
+from recsys.config import PROJECT_ROOT, TrainConfig, load_params, validate_name
 from recsys.evaluate import rank_targets, summarise
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model

@@ -1,0 +1,1 @@
+"""Alembic environment for the registry schema; run programmatically by `recsys.registry.migrate`."""

@@ -1,0 +1,195 @@
+"""Content-addressed artifact store: `<root>/sha256/<hex>/` holds one checkpoint directory.
+
+The address is the sha256 of a canonical listing of the directory: a JSON array of
+`[relative posix path, size, sha256 of the file]` sorted by path. So the address changes if any file's
+bytes, name, or the set of files changes, and two identical checkpoints share one copy.
+
+Each stored directory also holds `MANIFEST.json` (the listing itself; not part of the digest) so that a
+failed verification can say *which* file is wrong and how. `verify` re-hashes every file and is called
+before every load; a tampered, truncated, missing or extra file raises `ArtifactIntegrityError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "MANIFEST.json"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+
+
+class ArtifactError(Exception):
+    """An artifact cannot be stored or found."""
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """A stored artifact no longer matches its sha256: refuse to load it."""
+
+
+@dataclass(frozen=True)
+class StoredArtifact:
+    sha256: str
+    path: Path
+
+    @property
+    def uri(self) -> str:
+        return f"sha256/{self.sha256}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _listing(directory: Path) -> list[list[object]]:
+    """[[relpath, size, sha256], ...] of the regular files under `directory`, sorted by path."""
+    entries: list[list[object]] = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if rel == MANIFEST:
+            continue
+        if path.is_symlink():
+            raise ArtifactError(f"{path}: symbolic links are not allowed in a checkpoint")
+        if path.is_dir():
+            continue
+        if not path.is_file():
+            raise ArtifactError(f"{path}: not a regular file")
+        if any(ord(c) < 32 for c in rel):
+            raise ArtifactError(f"{path!r}: control characters in a file name")
+        entries.append([rel, path.stat().st_size, file_sha256(path)])
+    entries.sort(key=lambda e: str(e[0]))
+    return entries
+
+
+def listing_digest(listing: list[list[object]]) -> str:
+    canonical = json.dumps(listing, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def directory_digest(directory: Path) -> str:
+    return listing_digest(_listing(directory))
+
+
+def check_hex(sha256: str) -> str:
+    """Digests come from the database; never let one become a path traversal."""
+    if not isinstance(sha256, str) or not _HEX.fullmatch(sha256):
+        raise ArtifactError(f"invalid artifact sha256 {sha256!r}")
+    return sha256
+
+
+class ArtifactStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def path_for(self, sha256: str) -> Path:
+        return self.root / "sha256" / check_hex(sha256)
+
+    def put(self, source: Path) -> StoredArtifact:
+        """Copy `source` into the store (idempotent) and return its address.
+
+        The digest is computed from the *copy*, so what is addressed is exactly what was stored even if
+        the source changes during the copy. The copy appears under its address by one atomic rename.
+        """
+        source = Path(source)
+        if not source.is_dir():
+            raise ArtifactError(f"checkpoint directory not found: {source}")
+        tmp_root = self.root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_root / uuid.uuid4().hex
+        try:
+            shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(MANIFEST))
+            listing = _listing(tmp)
+            if not listing:
+                raise ArtifactError(f"checkpoint directory is empty: {source}")
+            sha256 = listing_digest(listing)
+            (tmp / MANIFEST).write_text(json.dumps({"sha256": sha256, "files": listing}, indent=1))
+            _make_read_only(tmp)
+            final = self.path_for(sha256)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                self._reuse_or_replace(final, sha256)
+            if not final.exists():
+                try:
+                    os.rename(tmp, final)
+                except OSError:
+                    if not final.exists():  # not a concurrent put of the same content: a real error
+                        raise
+            self.verify(sha256)
+            return StoredArtifact(sha256, final)
+        finally:
+            if tmp.exists():
+                _remove_tree(tmp)
+
+    def _reuse_or_replace(self, final: Path, sha256: str) -> None:
+        try:
+            self.verify(sha256)
+        except ArtifactIntegrityError as err:
+            # A damaged copy is kept for inspection, never silently overwritten or reused.
+            corrupt = self.root / "corrupt" / f"{sha256}-{uuid.uuid4().hex[:8]}"
+            corrupt.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(final, corrupt)
+            log.warning("artifact %s was damaged (%s); moved to %s and stored again", sha256, err, corrupt)
+
+    def verify(self, sha256: str) -> Path:
+        """Re-hash every file of a stored artifact; return its directory or raise ArtifactIntegrityError."""
+        path = self.path_for(sha256)
+        if not path.is_dir():
+            raise ArtifactIntegrityError(f"artifact {sha256[:12]} is missing from the store ({path})")
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+            expected = {str(rel): (int(size), str(digest)) for rel, size, digest in manifest["files"]}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ArtifactIntegrityError(
+                f"artifact {sha256[:12]}: manifest missing or unreadable ({err}); refusing to load"
+            ) from err
+        problems: list[str] = []
+        try:
+            actual = {str(rel): (int(size), str(digest)) for rel, size, digest in _listing(path)}
+        except ArtifactError as err:
+            raise ArtifactIntegrityError(f"artifact {sha256[:12]}: {err}; refusing to load") from err
+        for rel, (size, digest) in sorted(expected.items()):
+            if rel not in actual:
+                problems.append(f"{rel} is missing")
+                continue
+            got_size, got_digest = actual[rel]
+            if got_size < size:
+                problems.append(f"{rel} is truncated ({got_size} of {size} bytes)")
+            elif got_size != size:
+                problems.append(f"{rel} changed size ({got_size} bytes, expected {size})")
+            elif got_digest != digest:
+                problems.append(f"{rel} was modified (sha256 {got_digest[:12]}, expected {digest[:12]})")
+        problems += [f"{rel} is not part of the artifact" for rel in sorted(set(actual) - set(expected))]
+        if not problems and listing_digest(
+            [[rel, size, digest] for rel, (size, digest) in sorted(actual.items())]
+        ) != sha256:
+            problems.append("the manifest does not match the artifact address")
+        if problems:
+            raise ArtifactIntegrityError(
+                f"artifact {sha256[:12]} failed its integrity check: {'; '.join(problems)}; refusing to load"
+            )
+        return path
+
+
+def _make_read_only(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+def _remove_tree(path: Path) -> None:
+    # Files are read-only but their directories are not, which is all that unlinking needs.
+    shutil.rmtree(path, ignore_errors=True)
