@@ -67,6 +67,7 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     train_config = dataclasses.replace(params.train_config(name), max_minutes=max_minutes, device=device,
                                        progress="off")
     out = work / run.replace(":", "-")
+    load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
                          resume_root=work / "resume")
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
@@ -86,6 +87,8 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         "train_sequences_per_second": round(result.sequences_per_second, 1),
         "eval_seconds_all_users": round(ev.seconds, 3),
         "stopped_by": result.stopped_by,
+        # Other work on the same cores inflates the times; the 1-minute load average says how much.
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "curve": [json.loads(json.dumps(r)) for r in _read_curve(work / f"{out.name}.csv")],
     }
 
@@ -113,14 +116,15 @@ def merge(results: list[dict]) -> list[dict]:
 def render_table(rows: list[dict]) -> str:
     lines = [
         "| dataset | run | test NDCG@10 | test HR@10 | best epoch | epochs run | time to best (s) | train seq/s "
-        "| eval all users (s) | stopped by | machine | commit |",
+        "| eval all users (s) | stopped by | load avg before/after | commit |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['dataset']} | {r['run']} | {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} | {r['best_epoch']} "
             f"| {r['epochs_run']} | {r['seconds_to_best']} | {r['train_sequences_per_second']} "
-            f"| {r['eval_seconds_all_users']} | {r['stopped_by']} | {r['machine']} | {r['commit']} |"
+            f"| {r['eval_seconds_all_users']} | {r['stopped_by']} | {r.get('load_average_before_after', '?')} "
+            f"| {r['commit']} |"
         )
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from recsys.config import load_params
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
 
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5)

@@ -19,7 +19,7 @@ from prefect import flow
 from flows.ingest import ingest
 from flows.retrain import retrain
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
 
 @flow(name="pipeline", log_prints=True)

@@ -30,7 +30,7 @@ from recsys.config import ConfigError, Params, load_params, validate_name
 from recsys.workspace import (DvcError, code_version, data_version, dvc_command, fault_point, run_dvc,
                               subprocess_env, workspace_lock)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 BASELINE = "mostpop"
 
 

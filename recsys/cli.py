@@ -14,13 +14,13 @@ from typing import Optional
 
 import typer
 
-from recsys.config import PROJECT_ROOT, ConfigError, load_params, validate_name
+from recsys.config import ConfigError, load_params, validate_name
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: generate, download, import into the raw store.")
 app.add_typer(data_app, name="data")
 
-PARAMS = typer.Option(PROJECT_ROOT / "params.yaml", "--params", help="params.yaml to read")
+PARAMS = typer.Option(Path("params.yaml"), "--params", help="params.yaml to read")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -43,7 +43,7 @@ def _setup_logging(verbose: bool = False) -> None:
 
 @data_app.command("generate")
 def data_generate(
-    out: Path = typer.Option(PROJECT_ROOT / "data", help="raw store directory to write"),
+    out: Path = typer.Option(Path("data"), help="raw store directory to write"),
     params: Path = PARAMS,
 ) -> None:
     """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part."""
@@ -63,7 +63,7 @@ def data_batch(
     from recsys.data import generate_batch
 
     loaded = load_params(params)
-    target = out or PROJECT_ROOT / loaded.ingest.inbox / f"generated-{index:04d}.csv"
+    target = out or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
     target.parent.mkdir(parents=True, exist_ok=True)
     frame = generate_batch(loaded.generate, index)
     frame.to_csv(target, index=False, lineterminator="\n")
@@ -87,7 +87,7 @@ def data_download(
 def data_import(
     source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
     path: Path = typer.Argument(..., help="dataset folder or file"),
-    out: Path = typer.Option(PROJECT_ROOT / "data", help="raw store directory to (re)write"),
+    out: Path = typer.Option(Path("data"), help="raw store directory to (re)write"),
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
 ) -> None:
     """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
@@ -110,7 +110,7 @@ def data_import(
 
 
 @app.command()
-def bootstrap(root: Path = typer.Option(PROJECT_ROOT, help="repository root")) -> None:
+def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> None:
     """Make sure the raw store exists: `dvc pull` it, or generate the default dataset and version it."""
     from recsys.data import generate, write_store
 

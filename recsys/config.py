@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PARAMS = PROJECT_ROOT / "params.yaml"
+DEFAULT_PARAMS = Path("params.yaml")  # relative: entry points run from the repository root, as DVC does
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import PROJECT_ROOT, EvaluateConfig, load_params, validate_name
+from recsys.config import EvaluateConfig, load_params, validate_name
 from recsys.metrics import per_user_metrics, target_rank
 from recsys.models.base import SequentialModel
 from recsys.prepare import Prepared, load
@@ -175,8 +175,8 @@ def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, e
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="evaluate stage: score the test split once")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--params", default=str(PROJECT_ROOT / "params.yaml"))
-    parser.add_argument("--root", default=str(PROJECT_ROOT))
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name = validate_name(args.model, "model name")

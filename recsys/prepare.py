@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from recsys import schema
-from recsys.config import PROJECT_ROOT, PrepareConfig, load_params
+from recsys.config import PrepareConfig, load_params
 
 log = logging.getLogger(__name__)
 
@@ -187,9 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     from recsys.store import read_store
 
     parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
-    parser.add_argument("--params", default=str(PROJECT_ROOT / "params.yaml"))
-    parser.add_argument("--store", default=str(PROJECT_ROOT / "data"))
-    parser.add_argument("--out", default=str(PROJECT_ROOT / "artifacts" / "prepared"))
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--store", default="data")
+    parser.add_argument("--out", default="artifacts/prepared")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
-from recsys.config import PROJECT_ROOT, TrainConfig, load_params, validate_name
+from recsys.config import TrainConfig, load_params, validate_name
 from recsys.evaluate import rank_targets, summarise
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
@@ -177,7 +177,7 @@ def train_model(
         raise ValueError("no user has two or more training events; nothing to train on")
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
-    resume = _Resume(Path(resume_root or PROJECT_ROOT / ".resume"), run_key(model_name, model_config, cfg, fingerprint))
+    resume = _Resume(Path(resume_root or Path(".resume")), run_key(model_name, model_config, cfg, fingerprint))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0}
     restored = resume.load(model, optimizer, generator, device)
@@ -266,8 +266,8 @@ def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="train stage: prepared dataset → best checkpoint")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--params", default=str(PROJECT_ROOT / "params.yaml"))
-    parser.add_argument("--root", default=str(PROJECT_ROOT))
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name = validate_name(args.model, "model name")

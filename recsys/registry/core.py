@@ -864,9 +864,8 @@ def promote(
     split="test")` re-scores the champion when the evaluation set changed (default:
     `recsys.evaluate.evaluate_checkpoint`).
     """
-    from recsys.config import PROJECT_ROOT
 
-    root = Path(repo_root) if repo_root is not None else PROJECT_ROOT
+    root = Path(repo_root) if repo_root is not None else Path(".")
     candidate_dir = Path(candidate_dir)
     meta = _read_meta(candidate_dir)
     version_params: dict[str, Any] = {"model": meta.get("config")}

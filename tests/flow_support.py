@@ -1,0 +1,80 @@
+"""Support for the flow and UI tests (no tests here): a fresh clone of the repository in miniature."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+# Small enough to train in seconds, structured enough that SASRec clearly beats MostPop.
+FLOW_PARAMS = {
+    "models": ["mostpop", "sasrec"],
+    "generate": {"n_users": 80, "n_items": 40, "mean_events_per_user": 20, "n_clusters": 4, "days": 60, "seed": 3},
+    "prepare": {"min_user_interactions": 3, "min_item_interactions": 3},
+    "train": {"epochs": 12, "patience": 4, "batch_size": 32, "lr": 0.01, "device": "cpu", "progress": "off",
+              "eval_batch_size": 128},
+    "sasrec": {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20},
+}
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def subprocess_env(prefect_home: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "DO_NOT_TRACK": "1",
+           "GX_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": "1",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    if prefect_home is not None:
+        env["PREFECT_HOME"] = str(prefect_home)
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def make_repo(target: Path, overrides: dict | None = None) -> Path:
+    """Copy the working tree (what a commit would hold, tests excluded), point DVC at a private remote,
+    write small params, and bootstrap the raw store — a fresh clone in miniature."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in listed:
+        if name and not name.startswith("tests/") and (REPO_ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, target / name)
+    (target / "ingest_manifest.jsonl").unlink(missing_ok=True)
+    env = subprocess_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "remote", "add", "-d", "-f", "--local", "local",
+                                         str(target.parent / f"{target.name}-remote")]):
+        subprocess.run(cmd, cwd=target, env=env, check=True, capture_output=True)
+    params = _merge(_merge(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), FLOW_PARAMS), overrides or {})
+    (target / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = subprocess.run(["recsys", "bootstrap", "--root", str(target)], cwd=target, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return target
+
+
+def drop_batch(repo: Path, index: int = 1) -> Path:
+    env = subprocess_env()
+    out = repo / "inbox" / f"batch-{index:04d}.csv"
+    done = subprocess.run(["recsys", "data", "batch", str(index), "--out", str(out), "--params",
+                           str(repo / "params.yaml")], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def registry_for(repo: Path):
+    from recsys.config import load_params
+    from recsys.registry import open_registry
+
+    params = load_params(repo / "params.yaml")
+    return open_registry(params.registry, repo, params.gate)

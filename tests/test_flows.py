@@ -1,0 +1,115 @@
+"""The Prefect flows end to end on a copy of the repository: ingest → dvc repro → gate → registry.
+
+Real Prefect runs (a session-scoped `prefect_test_harness`), real `dvc`, real GX, a real SQLite registry.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from flow_support import drop_batch, make_repo, registry_for, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_nothing(
+    prefect_harness, tmp_path
+):
+    from flows.pipeline import pipeline
+
+    repo = make_repo(tmp_path / "repo")
+    drop_batch(repo)
+    first = pipeline(repo_root=str(repo))
+
+    assert first["ingest"]["ingested"] == 1 and first["ingest"]["rejected"] == 0
+    assert first["ingest"]["rows_accepted"] > 0
+    ran = set(first["retrain"]["stages_run"])
+    assert {"prepare", "train@sasrec", "evaluate@sasrec", "evaluate@mostpop"} <= ran
+    decision = first["retrain"]["decision"]
+    assert decision["model"] == "sasrec" and decision["promoted"], decision
+    assert decision["baseline_kind"] == "mostpop"
+    assert (repo / "inbox" / "processed" / "batch-0001.csv").is_file()
+    registry = registry_for(repo)
+    assert registry.champion_version() == decision["version"]
+
+    started = time.perf_counter()
+    second = pipeline(repo_root=str(repo))
+    elapsed = time.perf_counter() - started
+    assert second["ingest"]["batches"] == 0
+    assert second["retrain"]["stages_run"] == []
+    assert second["retrain"]["decision"]["replayed"] is True
+    assert registry_for(repo).champion_version() == decision["version"]
+    print(f"nothing-new pipeline run: {elapsed:.1f}s")  # the benchmark records this figure properly
+
+
+def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_harness, tmp_path):
+    from flows.ingest import ingest
+
+    repo = make_repo(tmp_path / "repo")
+    batch = drop_batch(repo)
+    copy = repo / "inbox" / "copy-of-batch.csv"
+    shutil.copy2(batch, copy)
+    (repo / "inbox" / "broken.csv").write_text("user_id,item_id\nu1\n")  # ragged row, no timestamp column
+    data_dvc_before = None
+    summary = ingest(repo_root=str(repo))
+    statuses = {s["source"]: s["status"] for s in summary["summaries"]}
+    assert statuses == {"batch-0001.csv": "ingested", "copy-of-batch.csv": "duplicate_batch",
+                        "broken.csv": "rejected"}, statuses
+    assert (repo / "inbox" / "rejected" / "broken.csv").is_file()
+    data_dvc_before = (repo / "data.dvc").read_text()
+    (repo / "inbox" / "again.csv").write_bytes(batch.read_bytes() if batch.exists() else
+                                              (repo / "inbox" / "processed" / "batch-0001.csv").read_bytes())
+    again = ingest(repo_root=str(repo))
+    assert [s["status"] for s in again["summaries"]] == ["duplicate_batch"]
+    assert (repo / "data.dvc").read_text() == data_dvc_before
+
+
+def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_harness, tmp_path):
+    from flows.retrain import retrain
+
+    repo = make_repo(tmp_path / "repo")
+    params_before = (repo / "params.yaml").read_bytes()
+    summary = retrain(repo_root=str(repo), epochs=1, models=["sasrec"])
+    assert (repo / "params.yaml").read_bytes() == params_before
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert lock["stages"]["train@sasrec"]["params"]["params.yaml"]["train"]["epochs"] == 1
+    curve = (repo / "plots" / "sasrec.csv").read_text().strip().splitlines()
+    assert len(curve) == 2  # header + exactly one epoch
+    assert "train@sasrec" in summary["stages_run"]
+
+
+def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_after_rerun(tmp_path):
+    """Kill the flow process at the fault point just before promotion, re-run it twice: one promotion."""
+    repo = make_repo(tmp_path / "repo")
+    env = subprocess_env(tmp_path / "prefect-home")
+    cmd = [sys.executable, "-m", "flows.retrain", "--repo-root", str(repo)]
+    crashed = subprocess.run(cmd, cwd=repo, env={**env, "RECSYS_FAULT": "before_promote"}, capture_output=True,
+                             text=True, timeout=900)
+    assert crashed.returncode != 0, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    assert "injected fault at before_promote" in crashed.stdout + crashed.stderr
+    assert (repo / "metrics" / "sasrec.json").is_file()  # evaluation finished before the crash
+    assert registry_for(repo).champion_version() is None
+
+    for attempt in range(2):
+        done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    registry = registry_for(repo)
+    events = registry.history()
+    promotions = [e for e in events if e.decision == "promoted"]
+    assert len(promotions) == 1, events
+    assert registry.champion_version() == promotions[0].candidate_version
+    assert len(registry.list_versions()) == 1
