@@ -114,20 +114,18 @@ class _epochs_override:
             return self
         if self.epochs < 1:
             raise ConfigError(f"epochs override must be ≥ 1, got {self.epochs}")
-        from ruamel.yaml import YAML
+        import yaml  # PyYAML both ways (a YAML 1.2 writer would emit `off` unquoted, which 1.1 reads as false)
 
-        yaml = YAML()
         original = self.path.read_text(encoding="utf-8")
-        data = yaml.load(original)
+        data = yaml.safe_load(original)
         data["train"]["epochs"] = self.epochs
         for m in self.models:
             if isinstance(data.get(m), dict) and isinstance(data[m].get("train"), dict):
                 data[m]["train"]["epochs"] = self.epochs
         self.backup.parent.mkdir(parents=True, exist_ok=True)
         self.backup.write_text(original, encoding="utf-8")
-        buffer = io.StringIO()
-        yaml.dump(data, buffer)
-        self.path.write_text(buffer.getvalue(), encoding="utf-8")
+        # Comments are lost only for the duration of the run: the original bytes are restored on exit.
+        self.path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return self
 
     def __exit__(self, *exc):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from recsys.models import build_model, config_from_dict
@@ -96,6 +97,6 @@ def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu") -
         model = build_model(meta["model"], config, n_items=meta["n_items"], n_users=meta["n_users"])
         state = load_file(str(path / "model.safetensors"), device=str(device))
         model.load_state_dict(state, strict=True)
-    except (KeyError, ValueError, RuntimeError, OSError) as err:
+    except (KeyError, ValueError, RuntimeError, OSError, SafetensorError) as err:
         raise CheckpointError(f"{path}: cannot rebuild the model ({err})") from err
     return model.to(device).eval(), meta

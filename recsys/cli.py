@@ -14,25 +14,14 @@ from typing import Optional
 
 import typer
 
-from recsys.config import ConfigError, load_params, validate_name
+from recsys.config import load_params, validate_name
+from recsys.errors import user_errors
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: generate, download, import into the raw store.")
 app.add_typer(data_app, name="data")
 
 PARAMS = typer.Option(Path("params.yaml"), "--params", help="params.yaml to read")
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ConfigError, FileNotFoundError]
-    for module, name in [("recsys.data", "DataError"), ("recsys.prepare", "PrepareError"),
-                         ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
-                         ("recsys.registry", "RegistryError")]:
-        try:
-            errors.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -172,15 +161,15 @@ def main() -> None:
     _setup_logging()
     try:
         code = app(standalone_mode=False)
-    except _user_errors() as err:
+    except user_errors() as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         sys.exit(1)
     except (typer.Exit, SystemExit) as done:
         sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))
-    except Exception as err:  # click usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(err, click.ClickException):
+    except Exception as err:
+        # Usage errors arrive here with standalone_mode=False; typer bundles its own click, whose exception
+        # classes are not click's, so recognise them by what they can do.
+        if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             sys.exit(err.exit_code)
         raise

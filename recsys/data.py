@@ -115,7 +115,10 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
         if absent:
             raise DataError(f"{path}: mapped column(s) {absent} not in {list(frame.columns)}")
         frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
-    return canonical(frame)
+    try:
+        return canonical(frame)
+    except (ValueError, TypeError) as err:
+        raise DataError(f"{path}: {err}") from err
 
 
 # Official archives. GroupLens publishes MD5 sums beside them (`<url>.md5`); sha256 is checked when given.

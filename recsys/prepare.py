@@ -191,7 +191,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", default="data")
     parser.add_argument("--out", default="artifacts/prepared")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)
     store = Path(args.store)
     prepared = prepare(read_store(store), params.prepare, read_titles(store))
@@ -202,4 +201,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys.errors import run_entry
+
+    run_entry(main)

@@ -43,9 +43,9 @@ class SequenceData:
         """(n, 3) rows of (user, start, end): each user's newest `max_len + 1` training events.
 
         Training events come first in each user's sequence under both split methods."""
-        is_train = (self.roles == TRAIN).astype(np.int64)
-        n_train = np.add.reduceat(is_train, self.offsets[:-1]) if len(is_train) else np.zeros(0, np.int64)
-        n_train = np.where(np.diff(self.offsets) > 0, n_train, 0)
+        # bincount, not reduceat: users may have no events left (a global-time split drops them).
+        user_of_event = np.repeat(np.arange(self.n_users), np.diff(self.offsets))
+        n_train = np.bincount(user_of_event[self.roles == TRAIN], minlength=self.n_users)
         users = np.flatnonzero(n_train >= 2)
         ends = self.offsets[users] + n_train[users]
         starts = np.maximum(self.offsets[users], ends - (max_len + 1))

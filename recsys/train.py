@@ -269,7 +269,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     name = validate_name(args.model, "model name")
     params = load_params(args.params)
     root = Path(args.root)
@@ -284,4 +283,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from recsys.errors import run_entry
+
+    run_entry(main)

@@ -1,0 +1,141 @@
+"""The `recsys` command line: user errors print one clear line and exit 1, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recsys.cli import main
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run `recsys <args>` in-process with the console script's semantics (recsys.cli:main)."""
+    monkeypatch.setattr(sys, "argv", ["recsys", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("name", ["x;drop", "../../etc", "SASRec"])
+def test_invalid_model_name(monkeypatch, capsys, command, name):
+    code, _, err = run_cli(monkeypatch, capsys, command, "--model", name)
+    assert code == 1
+    assert_one_line_error(err, "invalid model name", repr(name))
+
+
+def test_bad_params_file(monkeypatch, capsys, tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  epochz: 3\n")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--model", "sasrec", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "epochz")
+
+
+def test_wrongly_typed_params(monkeypatch, capsys, tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  epochs: many\n")
+    code, _, err = run_cli(monkeypatch, capsys, "prepare", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "train.epochs")
+
+
+def test_missing_params_file(monkeypatch, capsys, tmp_path):
+    code, _, err = run_cli(monkeypatch, capsys, "data", "generate", "--params", str(tmp_path / "absent.yaml"),
+                           "--out", str(tmp_path / "data"))
+    assert code == 1
+    assert_one_line_error(err, "not found")
+    assert not (tmp_path / "data").exists()
+
+
+def test_data_generate(monkeypatch, capsys, tmp_path, write_params, tiny_generated):
+    from recsys.store import read_store
+
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "generate", "--params", str(write_params()),
+                           "--out", str(tmp_path / "data"))
+    assert code == 0 and "part-0000000000000000.parquet" in out
+    stored = read_store(tmp_path / "data")
+    assert stored["item_id"].tolist() == tiny_generated.interactions["item_id"].tolist()
+
+
+def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
+    from recsys.store import read_store
+
+    source = tmp_path / "events.csv"
+    source.write_text("uid,sku,ts\na,x,10\nb,y,20\n")
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out",
+                           str(tmp_path / "data"), "--column", "user_id=uid", "--column", "item_id=sku",
+                           "--column", "timestamp=ts")
+    assert code == 0 and "wrote 2 interactions" in out
+    stored = read_store(tmp_path / "data")
+    assert stored[["user_id", "item_id", "timestamp"]].values.tolist() == [["a", "x", 10], ["b", "y", 20]]
+
+
+def test_data_import_bad_input(monkeypatch, capsys, tmp_path):
+    (tmp_path / "ratings.dat").write_text("1::2::oops::x\n")
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "movielens-1m", str(tmp_path),
+                           "--out", str(tmp_path / "data"))
+    assert code == 1
+    assert_one_line_error(err, "ratings.dat")
+    assert not (tmp_path / "data").exists()
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "netflix", str(tmp_path),
+                           "--out", str(tmp_path / "data"))
+    assert code == 1
+    assert_one_line_error(err, "netflix")
+
+
+def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
+    import zipfile
+
+    archive = tmp_path / "ml.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("ml-1m/ratings.dat", "1::2::3::4\n")
+    code, _, err = run_cli(monkeypatch, capsys, "data", "download", "movielens-1m", "--dest",
+                           str(tmp_path / "ml"), "--url", archive.as_uri(), "--sha256", "0" * 64)
+    assert code == 1
+    assert_one_line_error(err, "sha256 mismatch")
+    assert not (tmp_path / "ml").exists()
+
+
+@pytest.mark.parametrize("args", [["train", "--no-such-option"], ["train"]])
+def test_usage_error_is_not_a_traceback(monkeypatch, capsys, args):
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2
+    assert "Traceback" not in err and ("--no-such-option" in err or "--model" in err)
+
+
+def test_prepare_on_an_empty_store(monkeypatch, capsys, tmp_path, write_params):
+    """`prepare` over an empty store: PrepareError (a user error), one line, nothing written."""
+    params = write_params()
+    monkeypatch.chdir(tmp_path)  # entry points resolve data/, artifacts/ against the working directory
+    code, _, err = run_cli(monkeypatch, capsys, "prepare", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "no interactions")
+    assert not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.slow
+def test_console_script_refuses_injection(repo_root, tmp_path):
+    """The installed `recsys` entry point, as a user runs it."""
+    env = {**os.environ, "PATH": f"{repo_root / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run([str(repo_root / ".venv" / "bin" / "recsys"), "train", "--model", "x;drop"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        "error: invalid model name 'x;drop': use lowercase letters, digits and _ (max 64)"]

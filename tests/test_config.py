@@ -1,0 +1,146 @@
+"""params.yaml → frozen dataclasses: strict keys and types, per-model train overrides, safe names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from recsys.config import (
+    DEFAULT_PARAMS,
+    ConfigError,
+    GenerateConfig,
+    TrainConfig,
+    load_params,
+    parse_params,
+    validate_name,
+)
+
+
+def test_repository_params_load(repo_root):
+    params = load_params(repo_root / DEFAULT_PARAMS)
+    raw = yaml.safe_load((repo_root / DEFAULT_PARAMS).read_text())
+    assert params.models == tuple(raw["models"])
+    assert params.train.epochs == raw["train"]["epochs"]
+    assert params.evaluate.ks == tuple(raw["evaluate"]["ks"])
+    assert params.model_config("sasrec").dim == raw["sasrec"]["dim"]
+
+
+def test_defaults_when_sections_absent():
+    params = parse_params({})
+    assert params.models == ("mostpop", "sasrec")
+    assert params.train == TrainConfig() and params.generate == GenerateConfig()
+
+
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"train": {"epochz": 3}}, "epochz"),
+        ({"prepare": {"min_users": 3}}, "min_users"),
+        ({"ingest": {"column_map": {}}}, "column_map"),
+        ({"sasrec": {"dimm": 32}}, "dimm"),
+        ({"mostpop": {"alpha": 1}}, "alpha"),
+        ({"sasrec": {"train": {"learning_rate": 0.1}}}, "learning_rate"),
+        ({"trian": {"epochs": 3}}, "trian"),
+    ],
+)
+def test_unknown_key_is_named(raw, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_params(raw)
+
+
+@pytest.mark.parametrize(
+    "raw, where",
+    [
+        ({"train": {"epochs": "ten"}}, "train.epochs"),
+        ({"train": {"epochs": 3.5}}, "train.epochs"),
+        ({"train": {"epochs": True}}, "train.epochs"),
+        ({"train": {"lr": "fast"}}, "train.lr"),
+        ({"train": {"device": "tpu"}}, "train.device"),
+        ({"prepare": {"split": "random"}}, "prepare.split"),
+        ({"evaluate": {"ks": 10}}, "evaluate.ks"),
+        ({"evaluate": {"ks": [5, "ten"]}}, "evaluate.ks"),
+        ({"ingest": {"dvc_push": "yes"}}, "ingest.dvc_push"),
+        ({"registry": {"url": 5}}, "registry.url"),
+        ({"sasrec": {"dim": "big"}}, "sasrec.dim"),
+        ({"sasrec": {"loss": "mse"}}, "sasrec.loss"),
+        ({"sasrec": {"train": {"epochs": "x"}}}, "sasrec.train.epochs"),
+        ({"train": [1, 2]}, "train"),
+    ],
+)
+def test_wrong_type_is_an_error(raw, where):
+    with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+        parse_params(raw)
+
+
+def test_numbers_widen_to_float_but_not_to_int():
+    params = parse_params({"train": {"lr": 1, "max_minutes": 2}})
+    assert params.train.lr == 1.0 and isinstance(params.train.lr, float)
+    assert isinstance(params.train.max_minutes, float)
+
+
+def test_per_model_train_override():
+    params = parse_params({"train": {"epochs": 7, "lr": 0.01, "patience": 4},
+                           "sasrec": {"dim": 32, "train": {"epochs": 3, "batch_size": 8}}})
+    sasrec = params.train_config("sasrec")
+    assert (sasrec.epochs, sasrec.batch_size) == (3, 8)
+    assert (sasrec.lr, sasrec.patience) == (0.01, 4)  # the rest is inherited from the global section
+    assert params.train_config("mostpop") == params.train == dataclasses.replace(
+        TrainConfig(), epochs=7, lr=0.01, patience=4)
+    assert params.model_config("sasrec").dim == 32
+    assert "train" not in dataclasses.asdict(params.model_config("sasrec"))
+
+
+def test_model_train_override_must_be_a_mapping():
+    with pytest.raises(ConfigError, match="sasrec.train"):
+        parse_params({"sasrec": {"train": 3}})
+
+
+@pytest.mark.parametrize("models, message", [
+    (["mostpop", "nosuchmodel"], "nosuchmodel"),
+    (["sasrec", "sasrec"], "duplicate"),
+    ([], "non-empty"),
+    ("sasrec", "non-empty list"),
+])
+def test_models_list_is_checked(models, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_params({"models": models})
+
+
+def test_model_config_of_unknown_name():
+    with pytest.raises(ConfigError, match="nosuchmodel"):
+        parse_params({}).model_config("nosuchmodel")
+
+
+def test_params_are_frozen():
+    params = parse_params({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.train.epochs = 1  # type: ignore[misc]
+
+
+def test_load_params_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {epochs: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_params(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_params(listing)
+
+
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec", "m", "model_2", "a" * 64])
+def test_validate_name_accepts(name):
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", [
+    "x;drop", "sasrec; DROP TABLE models", "Robert'); DROP TABLE students;--", "../etc/passwd", "a/b", "..",
+    "sasrec\n", " sasrec", "SASRec", "1model", "_hidden", "", "a" * 65, "mod-el", "m$(id)", "m`id`", None, 3,
+])
+def test_validate_name_refuses(name):
+    with pytest.raises(ConfigError, match="invalid model"):
+        validate_name(name, "model name")

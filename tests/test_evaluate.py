@@ -1,0 +1,209 @@
+"""Evaluation: full ranking with seen items and padding masked, per-user values, checkpoints re-scored on a
+dataset whose vocabulary changed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from recsys import schema
+from recsys.checkpoint import save_checkpoint
+from recsys.config import EvaluateConfig
+from recsys.evaluate import eval_fingerprint, evaluate_checkpoint, evaluate_model, write_outputs
+from recsys.models.base import Batch, SequentialModel
+from recsys.models.mostpop import MostPop, MostPopConfig
+from recsys.prepare import TEST, TRAIN, load, prepare, save
+from recsys.sequences import SequenceData
+
+METRIC_KEYS = {"ndcg@5", "ndcg@10", "ndcg@20", "hr@5", "hr@10", "hr@20", "mrr"}
+
+
+class ScriptedScores(SequentialModel):
+    """Scores fixed per item id (column 0 = padding gets `pad_score`, to prove it is never ranked)."""
+
+    name = "scripted"
+
+    def __init__(self, item_scores: torch.Tensor, pad_score: float = float("inf")):
+        super().__init__(len(item_scores) - 1, 0)
+        self.item_scores = item_scores.clone()
+        self.item_scores[0] = pad_score
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        return self.item_scores.expand(batch.items.shape[0], -1).clone()
+
+
+def seen_before(data: SequenceData, target: int) -> set[int]:
+    user = int(np.searchsorted(data.offsets, target, side="right"))
+    return set(data.items[data.offsets[user - 1] : target].tolist())
+
+
+def test_ranks_with_hand_computable_scores(tiny_prepared):
+    """Score = item id: the target's rank is 1 + #unseen items with a larger-or-equal id (ties impossible)."""
+    n = tiny_prepared.n_items
+    model = ScriptedScores(torch.arange(n + 1, dtype=torch.float32))
+    result = evaluate_model(model, tiny_prepared, "test")
+    data = SequenceData.from_prepared(tiny_prepared)
+    expected = []
+    for t in data.eval_targets("test"):
+        target, seen = int(data.items[t]), seen_before(data, t)
+        expected.append(1 + sum(1 for i in range(target + 1, n + 1) if i not in seen))
+    assert result.per_user["rank"].tolist() == expected
+
+
+def test_constant_scores_rank_target_last_among_unseen(tiny_prepared):
+    """All items tie (an untrained model): ties count against the target; padding (scored +inf) never counts."""
+    n = tiny_prepared.n_items
+    model = ScriptedScores(torch.zeros(n + 1))
+    result = evaluate_model(model, tiny_prepared, "valid")
+    data = SequenceData.from_prepared(tiny_prepared)
+    expected = [n - len(seen_before(data, t) - {int(data.items[t])}) for t in data.eval_targets("valid")]
+    assert result.per_user["rank"].tolist() == expected
+
+
+def test_per_user_frame(trained_sasrec, tiny_prepared, tiny_prepared_dir):
+    _, ckpt = trained_sasrec
+    result = evaluate_checkpoint(ckpt, tiny_prepared_dir, "test")
+    pu = result.per_user
+    test_users = tiny_prepared.events.loc[tiny_prepared.events.role == TEST, "user"]
+    assert len(pu) == len(test_users) == result.metrics["n_users"]
+    assert pu["user"].tolist() == test_users.tolist() and pu["user_id"].is_unique
+    users = tiny_prepared.users
+    assert dict(zip(pu["user"], pu["user_id"])) == dict(zip(users["user"], users["user_id"]))
+    assert set(pu.columns) == {"user", "user_id", "rank"} | METRIC_KEYS
+    assert pu["user"].dtype == np.int32 and pu["rank"].dtype == np.int64
+    for key in METRIC_KEYS:
+        assert pu[key].mean() == pytest.approx(result.metrics[key], abs=1e-12)
+        assert 0.0 <= result.metrics[key] <= 1.0
+    np.testing.assert_allclose(pu["mrr"], 1.0 / pu["rank"])
+    np.testing.assert_allclose(pu["hr@10"], (pu["rank"] <= 10).astype(float))
+
+
+def test_evaluate_checkpoint_equals_evaluate_model(trained_sasrec, tiny_prepared_dir):
+    from recsys.checkpoint import load_model
+
+    _, ckpt = trained_sasrec
+    model, _ = load_model(ckpt)
+    prepared = load(tiny_prepared_dir)
+    for split in ("valid", "test"):
+        direct = evaluate_model(model, prepared, split)
+        via_checkpoint = evaluate_checkpoint(ckpt, tiny_prepared_dir, split)
+        assert via_checkpoint.metrics == direct.metrics
+        pd.testing.assert_frame_equal(via_checkpoint.per_user, direct.per_user)
+        assert via_checkpoint.eval_fingerprint == direct.eval_fingerprint
+
+
+def test_eval_fingerprint(tiny_prepared):
+    assert eval_fingerprint(tiny_prepared, "test") == eval_fingerprint(tiny_prepared, "test")
+    assert eval_fingerprint(tiny_prepared, "test") != eval_fingerprint(tiny_prepared, "valid")
+
+
+def test_sampled_metrics_are_a_labelled_extra(trained_sasrec, tiny_prepared_dir):
+    _, ckpt = trained_sasrec
+    full = evaluate_checkpoint(ckpt, tiny_prepared_dir, "test")
+    both = evaluate_checkpoint(ckpt, tiny_prepared_dir, "test", EvaluateConfig(sampled_negatives=5))
+    assert {k: both.metrics[k] for k in full.metrics} == full.metrics  # headline numbers unchanged
+    assert set(both.metrics) - set(full.metrics) == {f"sampled5_{k}" for k in METRIC_KEYS}
+    # Ranking among 5 negatives can only be easier than among the whole catalogue.
+    assert both.metrics["sampled5_ndcg@10"] >= full.metrics["ndcg@10"]
+    assert both.metrics["sampled5_hr@5"] >= full.metrics["hr@5"]
+
+
+def test_write_outputs(trained_sasrec, tiny_prepared_dir, tmp_path):
+    _, ckpt = trained_sasrec
+    result = evaluate_checkpoint(ckpt, tiny_prepared_dir, "test")
+    write_outputs(result, tmp_path / "m" / "x.json", tmp_path / "e" / "per_user.parquet", {"best_epoch": 3})
+    metrics = json.loads((tmp_path / "m" / "x.json").read_text())
+    assert METRIC_KEYS <= set(metrics) and metrics["best_epoch"] == 3
+    assert metrics["eval_fingerprint"] == result.eval_fingerprint
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "e" / "per_user.parquet"), result.per_user)
+
+
+# --- a checkpoint re-scored on a newer dataset with a changed vocabulary --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocabulary_change(tiny_generated, tiny_prepare_config, tmp_path_factory):
+    """(old prepared, MostPop checkpoint trained on it, new prepared dir, removed item, new item ids).
+
+    The new dataset drops one item entirely and adds two brand-new items: one appears first in time (so it
+    takes dense id 1, which the old model gives to another item), and both are the test target of some users.
+    """
+    old_frame = tiny_generated.interactions
+    old = prepare(old_frame, tiny_prepare_config)
+    data = SequenceData.from_prepared(old)
+    model = MostPop(MostPopConfig(), n_items=old.n_items, n_users=old.n_users)
+    model.fit_statistics(data.train_items())
+    root = tmp_path_factory.mktemp("vocab")
+    ckpt = save_checkpoint(root / "mostpop", model, dataset_fingerprint=old.fingerprint["fingerprint"],
+                           item_ids=old.items["item_id"].tolist(), user_ids=old.users["user_id"].tolist())
+
+    removed = old.items["item_id"].iloc[-1]
+    new_items = ["new-1", "new-2"]
+    frame = old_frame[old_frame[schema.ITEM] != removed]
+    t0, t_end = int(frame[schema.TIMESTAMP].min()), int(frame[schema.TIMESTAMP].max())
+    users = sorted(frame[schema.USER].unique())
+    extra = [(u, "new-1", t0 - 100 + k) for k, u in enumerate(users[:4])]  # earliest events of all
+    extra += [(u, new_items[k % 2], t_end + 1 + k) for k, u in enumerate(users[4:12])]  # newest: test targets
+    extra += [(u, "new-2", t0 + k) for k, u in enumerate(users[12:16])]
+    extra_frame = pd.DataFrame(extra, columns=[schema.USER, schema.ITEM, schema.TIMESTAMP])
+    new = prepare(pd.concat([frame[[schema.USER, schema.ITEM, schema.TIMESTAMP]], extra_frame], ignore_index=True),
+                  tiny_prepare_config)
+    save(new, root / "new")
+    assert new.items["item_id"].iloc[0] == "new-1" and removed not in set(new.items["item_id"])
+    return old, ckpt, root / "new", removed, new_items
+
+
+def test_unknown_targets_rank_last_and_new_items_never_recommended(vocabulary_change):
+    old, ckpt, new_dir, _, _ = vocabulary_change
+    new = load(new_dir)
+    result = evaluate_checkpoint(ckpt, new_dir, "test")
+    data = SequenceData.from_prepared(new)
+
+    # Independent expectation by raw id: MostPop's training counts on the *old* data; items unknown to the
+    # model can never beat anything (they are last), and ties count against the target.
+    old_train = old.events[old.events.role == TRAIN]
+    old_raw = old.items.set_index("item")["item_id"]
+    counts = Counter(old_raw.loc[old_train["item"]].tolist())
+    known = set(old.items["item_id"])
+    new_raw = new.items["item_id"].tolist()  # index i = dense id i + 1
+    expected, unknown_targets = [], 0
+    for t in data.eval_targets("test"):
+        target = new_raw[data.items[t] - 1]
+        seen = {new_raw[i - 1] for i in seen_before(data, t)}
+        candidates = [raw for raw in new_raw if raw != target and raw not in seen]
+        if target not in known:
+            unknown_targets += 1
+            expected.append(1 + len(candidates))  # last
+        else:
+            expected.append(1 + sum(1 for raw in candidates if raw in known and counts[raw] >= counts[target]))
+    assert unknown_targets >= 4
+    assert result.per_user["rank"].tolist() == expected
+    assert len(result.per_user) == new.fingerprint["n_test"]
+
+
+def test_vocabulary_change_with_a_neural_model(trained_sasrec, vocabulary_change):
+    _, ckpt = trained_sasrec
+    _, _, new_dir, _, new_items = vocabulary_change
+    new = load(new_dir)
+    result = evaluate_checkpoint(ckpt, new_dir, "test")
+    data = SequenceData.from_prepared(new)
+    raw = new.items["item_id"].tolist()
+    ranks = result.per_user["rank"].tolist()
+    n_unknown = 0
+    for rank, t in zip(ranks, data.eval_targets("test")):
+        target = int(data.items[t])
+        if raw[target - 1] in new_items:
+            n_unknown += 1
+            assert rank == new.n_items - len(seen_before(data, t) - {target})  # last among candidates
+        else:
+            # A known target is never beaten by a new item: at most the known unseen candidates beat it.
+            known_candidates = [i for i in range(1, new.n_items + 1)
+                                if raw[i - 1] not in new_items and i != target and i not in seen_before(data, t)]
+            assert rank <= 1 + len(known_candidates)
+    assert n_unknown >= 4
+    assert all(0.0 <= result.metrics[k] <= 1.0 for k in METRIC_KEYS)

@@ -1,0 +1,182 @@
+"""SASRec-specific behaviour: every loss trains, gBCE matches its formula, causality, padding invariance,
+overfitting one batch. (The cross-model contract is parametrised in tests/test_models.py.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recsys.metrics import target_rank
+from recsys.models.base import Batch
+from recsys.models.sasrec import SASRec, SASRecConfig, gbce_loss, positions_from_end, sampled_logits
+
+N_ITEMS = 20
+LOSSES = ["ce", "bce", "sampled_ce", "gbce"]
+
+
+def make_model(seed: int = 0, **overrides) -> SASRec:
+    torch.manual_seed(seed)
+    cfg = {"dim": 16, "n_layers": 2, "n_heads": 2, "dropout": 0.0, "max_len": 12, "loss": "ce", "n_negatives": 8}
+    return SASRec(SASRecConfig(**{**cfg, **overrides}), n_items=N_ITEMS, n_users=5)
+
+
+def chain_batch() -> Batch:
+    """Four left-padded sequences walking a chain (next = current + 1); targets are inputs shifted by one."""
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [15, 16, 17, 18]]
+    width = max(map(len, seqs)) - 1
+    items = torch.zeros(len(seqs), width, dtype=torch.long)
+    targets = torch.zeros_like(items)
+    for r, s in enumerate(seqs):
+        items[r, width - len(s) + 1 :] = torch.tensor(s[:-1])
+        targets[r, width - len(s) + 1 :] = torch.tensor(s[1:])
+    return Batch(items=items, times=torch.zeros_like(items), users=torch.arange(1, 5), targets=targets,
+                 target_times=torch.zeros_like(items))
+
+
+def eval_batch_of(items: list[list[int]]) -> Batch:
+    t = torch.tensor(items)
+    return Batch(items=t, times=torch.zeros_like(t), users=torch.ones(len(items), dtype=torch.long))
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_each_loss_is_finite_and_trains_down(loss):
+    model = make_model(loss=loss)
+    batch = chain_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def fixed_loss() -> float:  # same sampled negatives before and after training
+        torch.manual_seed(123)
+        with torch.no_grad():
+            return model.loss(batch).item()
+
+    before = fixed_loss()
+    assert math.isfinite(before) and before > 0
+    for _ in range(40):
+        value = model.loss(batch)
+        assert torch.isfinite(value)
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+    after = fixed_loss()
+    assert after < 0.5 * before, (loss, before, after)
+
+
+def test_ce_loss_is_full_softmax_over_items():
+    model = make_model().eval()
+    batch = chain_batch()
+    hidden = model(batch)
+    keep = batch.targets > 0
+    logits = hidden[keep] @ model.item_emb.weight.T
+    logits[:, 0] = float("-inf")  # padding is never a class
+    expected = F.cross_entropy(logits, batch.targets[keep])
+    assert model.loss(batch).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_sampled_logits_mask_negatives_equal_to_target():
+    hidden = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    emb = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, -1.0], [-1.0, 3.0]])
+    shared = sampled_logits(hidden, emb, torch.tensor([1, 3]), torch.tensor([2, 3]))
+    assert shared.tolist() == [[1.0, 2.0, -1.0], [6.0, -2.0, float("-inf")]]
+    per_row = sampled_logits(hidden, emb, torch.tensor([1, 3]), torch.tensor([[1, 2], [1, 1]]))
+    assert per_row.tolist() == [[1.0, float("-inf"), 2.0], [6.0, 2.0, 2.0]]
+
+
+def gbce_reference(logits: torch.Tensor, n_items: int, t: float) -> float:
+    """gSASRec (Petrov & Macdonald 2023), eq. 8–10, in float64: β = α(t(1 − 1/α) + 1/α), α = k/(|I| − 1);
+    loss = −mean_rows[ β·log σ(s⁺) + Σ_neg log(1 − σ(s⁻)) ]."""
+    x = logits.double()
+    k = x.shape[1] - 1
+    alpha = k / (n_items - 1)
+    beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha)
+    pos = beta * F.logsigmoid(x[:, 0])
+    neg = F.logsigmoid(-x[:, 1:])
+    neg = torch.where(torch.isinf(x[:, 1:]) & (x[:, 1:] < 0), torch.zeros_like(neg), neg)
+    return float(-(pos + neg.sum(1)).mean())
+
+
+@pytest.mark.parametrize("t", [0.0, 0.5, 0.75, 1.0])
+def test_gbce_matches_direct_float64_formula(t):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 9, generator=g) * 3
+    logits[0, 3] = float("-inf")  # a masked negative contributes nothing
+    assert gbce_loss(logits, 100, t).item() == pytest.approx(gbce_reference(logits, 100, t), rel=1e-5)
+
+
+def test_gbce_with_t_zero_is_plain_bce():
+    logits = torch.tensor([[2.0, -1.0, 0.5], [-0.5, 1.0, -2.0]])
+    bce = (F.softplus(-logits[:, 0]) + F.softplus(logits[:, 1:]).sum(1)).mean()
+    assert gbce_loss(logits, 50, 0.0).item() == pytest.approx(bce.item(), rel=1e-6)
+
+
+def test_gbce_beta_shrinks_the_positive_term():
+    # With few negatives out of many items, β < 1: the positive term weighs less than in plain BCE.
+    logits = torch.tensor([[-1.0, -5.0]])
+    assert gbce_loss(logits, 1000, 0.75).item() < gbce_loss(logits, 1000, 0.0).item()
+
+
+def test_positions_count_from_the_newest():
+    assert positions_from_end(torch.zeros(2, 4, dtype=torch.long)).tolist() == [[3, 2, 1, 0]] * 2
+
+
+def test_causality():
+    """Changing a later item never changes an earlier output (eval mode)."""
+    model = make_model().eval()
+    items = torch.tensor([[3, 7, 1, 9, 4, 12, 5, 8]])
+    base = model(eval_batch_of(items.tolist()))
+    for pos in range(items.shape[1]):
+        changed = items.clone()
+        changed[0, pos] = 19
+        out = model(eval_batch_of(changed.tolist()))
+        torch.testing.assert_close(out[:, :pos], base[:, :pos], rtol=0, atol=1e-6)
+        assert not torch.allclose(out[:, pos], base[:, pos])
+
+
+def test_padding_invariance():
+    model = make_model().eval()
+    short = model.score(eval_batch_of([[3, 7, 1, 9]]))
+    padded = model.score(eval_batch_of([[0, 0, 0, 0, 0, 3, 7, 1, 9]]))
+    torch.testing.assert_close(padded, short, rtol=1e-5, atol=1e-5)
+    # Also in a batch next to a longer sequence.
+    mixed = model.score(eval_batch_of([[0, 0, 3, 7, 1, 9], [4, 5, 6, 7, 8, 9]]))
+    torch.testing.assert_close(mixed[:1], short, rtol=1e-5, atol=1e-5)
+
+
+def test_inputs_longer_than_max_len_use_the_newest_items():
+    model = make_model(max_len=4).eval()
+    long = model.score(eval_batch_of([[11, 12, 13, 3, 7, 1, 9]]))
+    torch.testing.assert_close(long, model.score(eval_batch_of([[3, 7, 1, 9]])))
+
+
+def test_score_shape_and_padding_column():
+    model = make_model().eval()
+    scores = model.score(eval_batch_of([[1, 2], [0, 3]]))
+    assert scores.shape == (2, N_ITEMS + 1)
+    assert torch.isneginf(scores[:, 0]).all() and torch.isfinite(scores[:, 1:]).all()
+
+
+@pytest.mark.parametrize("loss", ["ce", "gbce"])
+def test_overfits_one_batch(loss):
+    """After enough steps on one batch, each sequence's next item ranks first among all items."""
+    model = make_model(loss=loss, n_negatives=19)
+    batch = chain_batch()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        opt.zero_grad()
+        model.loss(batch).backward()
+        opt.step()
+    model.eval()
+    # Predict the last target of each row from its full input.
+    scores = model.score(Batch(items=batch.items, times=batch.times, users=batch.users))
+    last_targets = batch.targets[:, -1]
+    candidates = torch.ones_like(scores, dtype=torch.bool)
+    candidates[:, 0] = False
+    assert target_rank(scores, last_targets, candidates).tolist() == [1, 1, 1, 1]
+
+
+def test_dropout_is_off_in_eval_mode():
+    model = make_model(dropout=0.5).eval()
+    batch = eval_batch_of([[3, 7, 1, 9]])
+    torch.testing.assert_close(model.score(batch), model.score(batch), rtol=0, atol=0)

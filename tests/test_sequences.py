@@ -1,0 +1,88 @@
+"""Prepared events → padded batches: spans, left padding, shifted targets, bucketing, evaluation inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from recsys.config import PrepareConfig
+from recsys.prepare import prepare
+from recsys.sequences import SequenceData, bucketed_batches, eval_batch, train_batch
+
+ALL = PrepareConfig(min_user_interactions=1, min_item_interactions=1)
+
+
+@pytest.fixture
+def hand() -> SequenceData:
+    """user 1: items a b c d e f (train a b c d, valid e, test f); user 2: b c g (train b); user 3: a c."""
+    rows = [("u1", x, 10 + k) for k, x in enumerate("abcdef")]
+    rows += [("u2", "b", 100), ("u2", "c", 101), ("u2", "g", 102)]
+    rows += [("u3", "a", 200), ("u3", "c", 201)]
+    p = prepare(pd.DataFrame(rows, columns=["user_id", "item_id", "timestamp"]), ALL)
+    # Dense item ids by first appearance: a1 b2 c3 d4 e5 f6 g7.
+    assert p.items["item_id"].tolist() == list("abcdefg")
+    return SequenceData.from_prepared(p)
+
+
+def test_layout(hand):
+    assert hand.offsets.tolist() == [0, 6, 9, 11]
+    assert hand.items.tolist() == [1, 2, 3, 4, 5, 6, 2, 3, 7, 1, 3]
+    assert hand.roles.tolist() == [0, 0, 0, 0, 1, 2, 0, 1, 2, 0, 0]
+    assert hand.train_items().tolist() == [1, 2, 3, 4, 2, 1, 3]
+    assert hand.eval_targets("valid").tolist() == [4, 7]
+    assert hand.eval_targets("test").tolist() == [5, 8]
+
+
+def test_train_spans(hand):
+    # user 2 has one training event: nothing to predict, no span. user 3: both events are training.
+    assert hand.train_spans(10).tolist() == [[1, 0, 4], [3, 9, 11]]
+    # max_len 2 keeps the newest 3 training events (2 inputs, 2 targets).
+    assert hand.train_spans(2).tolist() == [[1, 1, 4], [3, 9, 11]]
+
+
+def test_train_batch_left_pads_and_shifts(hand):
+    batch = train_batch(hand, hand.train_spans(10))
+    assert batch.items.tolist() == [[1, 2, 3], [0, 0, 1]]
+    assert batch.targets.tolist() == [[2, 3, 4], [0, 0, 3]]
+    assert batch.users.tolist() == [1, 3]
+    assert batch.times.tolist() == [[10, 11, 12], [0, 0, 200]]
+    assert batch.target_times.tolist() == [[11, 12, 13], [0, 0, 201]]
+
+
+def test_bucketed_batches_cover_every_span_once():
+    spans = np.stack([np.arange(1, 101), np.arange(100) * 10, np.arange(100) * 10 + 2 + np.arange(100) % 7], 1)
+    batches = bucketed_batches(spans, 16, torch.Generator().manual_seed(0))
+    assert all(1 <= len(b) <= 16 for b in batches)
+    assert sorted(np.concatenate(batches)[:, 0].tolist()) == list(range(1, 101))
+    again = bucketed_batches(spans, 16, torch.Generator().manual_seed(0))
+    assert all((a == b).all() for a, b in zip(batches, again))
+    other = bucketed_batches(spans, 16, torch.Generator().manual_seed(1))
+    assert any(len(a) != len(b) or (a != b).any() for a, b in zip(batches, other))
+    # Within a batch lengths are sorted (bucketing), which keeps padding small.
+    for b in batches:
+        lengths = b[:, 2] - b[:, 1]
+        assert (np.diff(lengths) >= 0).all()
+
+
+def test_eval_batch_inputs_seen_and_targets(hand):
+    eb = eval_batch(hand, hand.eval_targets("test"), max_len=3)
+    assert eb.targets.tolist() == [6, 7]
+    assert eb.users.tolist() == [1, 2]
+    # Model input is truncated to max_len; the seen set is the whole history.
+    assert eb.batch.items.tolist() == [[3, 4, 5], [0, 2, 3]]
+    assert eb.batch.next_time.tolist() == [15, 102]
+    seen = sorted(zip(eb.seen_rows.tolist(), eb.seen_items.tolist()))
+    assert seen == [(0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (1, 2), (1, 3)]
+
+
+def test_eval_batch_maps_to_model_ids(hand):
+    # The model knows only items a, c, e (its ids 1, 2, 3) and users u2 (its id 1).
+    item_map = np.array([0, 1, 0, 2, 0, 3, 0, 0])
+    user_map = np.array([0, 0, 1, 0])
+    eb = eval_batch(hand, hand.eval_targets("test"), max_len=10, item_map=item_map, user_map=user_map)
+    assert eb.batch.items.tolist() == [[1, 2, 3], [0, 0, 2]]  # unknown items dropped from the input
+    assert eb.batch.users.tolist() == [0, 1]
+    assert eb.targets.tolist() == [6, 7]  # targets and seen items stay in dataset ids
+    assert sorted(eb.seen_items[eb.seen_rows == 0].tolist()) == [1, 2, 3, 4, 5]

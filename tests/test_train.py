@@ -1,0 +1,323 @@
+"""Training (recsys/train.py) and its checkpoints (recsys/checkpoint.py): outputs, determinism, resume after an
+interruption, early stopping, and safetensors-only checkpoints that rebuild a model from its files alone."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import pickle
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from recsys.checkpoint import CheckpointError, load_model, save_checkpoint
+from recsys.config import EvaluateConfig, PrepareConfig, TrainConfig
+from recsys.evaluate import evaluate_model
+from recsys.models.base import Batch
+from recsys.models.mostpop import MostPopConfig
+from recsys.models.sasrec import SASRec
+from recsys.train import train_model
+
+CHECKPOINT_FILES = {"model.safetensors", "model.json", "items.json", "users.json"}
+
+
+def read_curve(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def weights(checkpoint_dir) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint_dir / "model.safetensors"))
+
+
+def run(prepared, model_config, train_config, root, **kwargs):
+    return train_model("sasrec", model_config, train_config, prepared, root / "model", curve_path=root / "curve.csv",
+                       resume_root=root / "resume", **kwargs)
+
+
+# --- training outputs ---------------------------------------------------------------------------------------
+
+
+def test_short_training_writes_checkpoint_and_curve(trained_sasrec, tiny_prepared, fast_train_config):
+    result, ckpt = trained_sasrec
+    assert {p.name for p in ckpt.iterdir()} == CHECKPOINT_FILES
+    curve = read_curve(ckpt.parent / "curve.csv")
+    assert [int(r["epoch"]) for r in curve] == [1, 2, 3]
+    assert set(curve[0]) == {"epoch", "loss", "valid_ndcg@10", "valid_hr@10", "seconds"}
+    assert result.epochs_run == 3 and result.stopped_by == "max_epochs"
+    scores = [float(r["valid_ndcg@10"]) for r in curve]
+    assert result.best_epoch == 1 + scores.index(max(scores))  # the first epoch reaching the best score
+    assert result.best_valid["ndcg@10"] == pytest.approx(max(scores))
+    meta = json.loads((ckpt / "model.json").read_text())
+    assert meta["best_epoch"] == result.best_epoch
+    assert meta["dataset_fingerprint"] == tiny_prepared.fingerprint["fingerprint"]
+    assert meta["train_config"] == dataclasses.asdict(fast_train_config)
+    # The checkpoint is the selected epoch's model: it reproduces the best validation score.
+    model, _ = load_model(ckpt)
+    valid = evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(ks=(10,)))
+    assert valid.metrics["ndcg@10"] == pytest.approx(result.best_valid["ndcg@10"], abs=1e-9)
+    assert not (ckpt.parent / "resume").exists() or not any((ckpt.parent / "resume").iterdir())
+
+
+def test_training_learns_the_planted_chains(trained_sasrec, tiny_prepared, tmp_path):
+    """3 short epochs already beat popularity on data with sequential structure."""
+    result, _ = trained_sasrec
+    pop = train_model("mostpop", MostPopConfig(), TrainConfig(device="cpu", progress="off"), tiny_prepared,
+                      tmp_path / "mostpop")
+    assert result.best_valid["ndcg@10"] > pop.best_valid["ndcg@10"] + 0.05
+
+
+def test_mostpop_is_counted_not_trained(tiny_prepared, tmp_path):
+    result = train_model("mostpop", MostPopConfig(), TrainConfig(device="cpu", progress="off"), tiny_prepared,
+                         tmp_path / "m", curve_path=tmp_path / "c.csv")
+    assert (result.best_epoch, result.epochs_run, result.stopped_by) == (0, 0, "not_trainable")
+    assert [int(r["epoch"]) for r in read_curve(tmp_path / "c.csv")] == [0]
+    model, meta = load_model(tmp_path / "m")
+    train_counts = tiny_prepared.events.query("role == 0")["item"].value_counts()
+    assert model.counts[1:].tolist() == [float(train_counts.get(i, 0)) for i in range(1, tiny_prepared.n_items + 1)]
+    assert meta["model"] == "mostpop"
+
+
+def test_same_seed_same_result(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=2)
+    a = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "a")
+    b = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "b")
+    assert (a.best_epoch, a.best_valid) == (b.best_epoch, b.best_valid)
+    curve_a, curve_b = read_curve(tmp_path / "a" / "curve.csv"), read_curve(tmp_path / "b" / "curve.csv")
+    assert [r["loss"] for r in curve_a] == [r["loss"] for r in curve_b]
+    wa, wb = weights(tmp_path / "a" / "model"), weights(tmp_path / "b" / "model")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    c = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, seed=1), tmp_path / "c")
+    assert [r["loss"] for r in read_curve(tmp_path / "c" / "curve.csv")] != [r["loss"] for r in curve_a]
+    del c
+
+
+# --- resume -------------------------------------------------------------------------------------------------
+
+
+class Interrupt:
+    """on_epoch hook: records epochs, raises KeyboardInterrupt after `at` (like Ctrl-C or a killed worker)."""
+
+    def __init__(self, at: int | None = None):
+        self.at, self.seen = at, []
+
+    def __call__(self, epoch, row):
+        self.seen.append(epoch)
+        if epoch == self.at:
+            raise KeyboardInterrupt
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_sasrec_config, fast_train_config,
+                                                             tmp_path, caplog):
+    cfg = dataclasses.replace(fast_train_config, epochs=4)
+    straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+
+    interrupted = Interrupt(at=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "resumed", on_epoch=interrupted)
+    assert interrupted.seen == [1, 2]
+    assert any((tmp_path / "resumed" / "resume").iterdir())  # state saved after epoch 2
+
+    continued = Interrupt()
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "resumed", on_epoch=continued)
+    assert continued.seen == [3, 4]
+    assert "resumed model=sasrec from epoch=2" in caplog.text
+    curve = read_curve(tmp_path / "resumed" / "curve.csv")
+    assert [int(r["epoch"]) for r in curve] == [1, 2, 3, 4]
+
+    assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run)
+    assert result.best_valid == pytest.approx(straight.best_valid, abs=1e-12)
+    expected_curve = read_curve(tmp_path / "straight" / "curve.csv")
+    assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected_curve], rel=1e-9)
+    got, want = weights(tmp_path / "resumed" / "model"), weights(tmp_path / "straight" / "model")
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert not any((tmp_path / "resumed" / "resume").iterdir())  # cleared once finished
+
+
+def test_other_config_ignores_stale_resume_state(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path,
+                                                 caplog):
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
+    for other_model, other_train in [(tiny_sasrec_config, dataclasses.replace(cfg, lr=1e-3)),
+                                     (dataclasses.replace(tiny_sasrec_config, dropout=0.3), cfg)]:
+        seen = Interrupt()
+        with caplog.at_level(logging.INFO, logger="recsys.train"):
+            run(tiny_prepared, other_model, other_train, tmp_path, on_epoch=seen)
+        assert seen.seen == [1, 2, 3]
+        assert "resumed" not in caplog.text
+    # The original configuration still finds its own state.
+    seen = Interrupt()
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
+    assert seen.seen == [3]
+
+
+def test_other_data_ignores_stale_resume_state(tiny_prepared, tiny_interactions, tiny_sasrec_config,
+                                               fast_train_config, tmp_path):
+    from recsys.prepare import prepare
+
+    cfg = dataclasses.replace(fast_train_config, epochs=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=1))
+    changed = prepare(tiny_interactions.iloc[:-1], PrepareConfig(**tiny_prepared.fingerprint["config"]))
+    assert changed.fingerprint["fingerprint"] != tiny_prepared.fingerprint["fingerprint"]
+    seen = Interrupt()
+    run(changed, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
+    assert seen.seen == [1, 2]
+
+
+# --- stopping -----------------------------------------------------------------------------------------------
+
+
+def test_early_stopping_after_patience_flat_epochs(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    # lr = 0: the weights never change, so validation never improves after epoch 1.
+    cfg = dataclasses.replace(fast_train_config, epochs=20, patience=2, lr=0.0)
+    seen = Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
+    assert seen.seen == [1, 2, 3]
+    assert (result.best_epoch, result.epochs_run, result.stopped_by) == (1, 3, "early_stopping")
+
+
+def test_early_stopping_keeps_the_best_epoch(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path,
+                                             monkeypatch):
+    import recsys.train as train_module
+
+    scripted = iter([0.1, 0.3, 0.2, 0.3, 0.25, 0.9])  # best at epoch 2; ties do not count as improvement
+
+    def fake_validate(model, data, config, device):
+        value = next(scripted)
+        return {"ndcg@10": value, "hr@10": value, "mrr": value}
+
+    monkeypatch.setattr(train_module, "validate", fake_validate)
+    cfg = dataclasses.replace(fast_train_config, epochs=20, patience=3)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    assert (result.best_epoch, result.epochs_run, result.stopped_by) == (2, 5, "early_stopping")
+    assert result.best_valid["ndcg@10"] == 0.3
+    meta = json.loads((tmp_path / "model" / "model.json").read_text())
+    assert meta["best_epoch"] == 2 and meta["valid_metrics"]["ndcg@10"] == 0.3
+
+
+def test_time_limit_stops_after_one_epoch(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=20, max_minutes=1e-9)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    assert (result.epochs_run, result.stopped_by, result.best_epoch) == (1, "time_limit", 1)
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+# --- stage entry points -------------------------------------------------------------------------------------
+
+
+def test_train_and_evaluate_stage_mains(tiny_prepared, write_params, tmp_path):
+    from recsys import evaluate, train
+    from recsys.config import ConfigError
+    from recsys.prepare import save
+
+    root = tmp_path / "repo"
+    save(tiny_prepared, root / "artifacts" / "prepared")
+    params = write_params({"train": {"epochs": 2}})
+    train.main(["--model", "sasrec", "--params", str(params), "--root", str(root)])
+    evaluate.main(["--model", "sasrec", "--params", str(params), "--root", str(root)])
+    assert (root / "artifacts" / "models" / "sasrec" / "model.safetensors").is_file()
+    assert [int(r["epoch"]) for r in read_curve(root / "plots" / "sasrec.csv")] == [1, 2]
+    metrics = json.loads((root / "metrics" / "sasrec.json").read_text())
+    for key in ("ndcg@5", "ndcg@10", "ndcg@20", "hr@5", "hr@10", "hr@20", "mrr"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert metrics["n_users"] == tiny_prepared.fingerprint["n_test"]
+    per_user = pd.read_parquet(root / "artifacts" / "eval" / "sasrec" / "per_user.parquet")
+    assert per_user["ndcg@10"].mean() == pytest.approx(metrics["ndcg@10"])
+    assert not (root / ".resume").exists() or not any((root / ".resume").iterdir())
+    with pytest.raises(ConfigError, match="invalid model name"):
+        train.main(["--model", "../sasrec", "--params", str(params), "--root", str(root)])
+
+
+# --- checkpoints --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path, tiny_sasrec_config):
+    torch.manual_seed(0)
+    model = SASRec(tiny_sasrec_config, n_items=6, n_users=3).eval()
+    out = save_checkpoint(tmp_path / "ckpt", model, dataset_fingerprint="f" * 64, item_ids=list("abcdef"),
+                          user_ids=["u1", "u2", "u3"], extra={"best_epoch": 4})
+    return model, out
+
+
+def sample_batch() -> Batch:
+    items = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 1]])
+    return Batch(items=items, times=torch.zeros_like(items), users=torch.tensor([1, 2]))
+
+
+def test_checkpoint_round_trip(saved, tiny_sasrec_config):
+    model, out = saved
+    assert {p.name for p in out.iterdir()} == CHECKPOINT_FILES
+    loaded, meta = load_model(out)
+    assert not loaded.training
+    with torch.no_grad():
+        assert torch.equal(loaded.score(sample_batch()), model.score(sample_batch()))
+    assert meta["config"] == dataclasses.asdict(tiny_sasrec_config)
+    assert (meta["model"], meta["n_items"], meta["n_users"], meta["format_version"], meta["best_epoch"]) == (
+        "sasrec", 6, 3, 1, 4)
+    assert meta["dataset_fingerprint"] == "f" * 64
+    assert meta["items"] == [None, *"abcdef"] and meta["users"] == [None, "u1", "u2", "u3"]
+    on_disk = json.loads((out / "model.json").read_text())
+    assert on_disk["config"] == dataclasses.asdict(tiny_sasrec_config) and "items" not in on_disk
+
+
+def test_checkpoint_never_unpickles(saved, monkeypatch):
+    _, out = saved
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a checkpoint must never be unpickled")
+
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    load_model(out)
+    # The weights file is a safetensors file: an 8-byte header length, then a JSON header.
+    raw = (out / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    assert "item_emb.weight" in header
+
+
+def test_overwriting_a_checkpoint_leaves_no_temporaries(saved, tiny_sasrec_config):
+    model, out = saved
+    save_checkpoint(out, model, dataset_fingerprint="0" * 64, item_ids=list("abcdef"), user_ids=["u1", "u2", "u3"])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt"]
+    assert load_model(out)[1]["dataset_fingerprint"] == "0" * 64
+
+
+@pytest.mark.parametrize("damage", [
+    "garbage", "truncated",
+    "missing_weights", "missing_meta", "bad_json", "missing_items", "format", "shape", "unknown_key",
+])
+def test_damaged_checkpoint_is_a_checkpoint_error(saved, damage):
+    _, out = saved
+    weights_file, meta_file = out / "model.safetensors", out / "model.json"
+    meta = json.loads(meta_file.read_text())
+    if damage == "garbage":
+        weights_file.write_bytes(b"\x00" * 64)
+    elif damage == "truncated":
+        weights_file.write_bytes(weights_file.read_bytes()[:200])
+    elif damage == "missing_weights":
+        weights_file.unlink()
+    elif damage == "missing_meta":
+        meta_file.unlink()
+    elif damage == "bad_json":
+        meta_file.write_text("{not json")
+    elif damage == "missing_items":
+        (out / "items.json").unlink()
+    elif damage == "format":
+        meta_file.write_text(json.dumps({**meta, "format_version": 99}))
+    elif damage == "shape":
+        meta_file.write_text(json.dumps({**meta, "n_items": 25}))
+    elif damage == "unknown_key":
+        meta_file.write_text(json.dumps({**meta, "config": {**meta["config"], "secret": 1}}))
+    with pytest.raises(CheckpointError):
+        load_model(out)
