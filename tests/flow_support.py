@@ -1,4 +1,4 @@
-"""Support for the flow and UI tests (no tests here): a fresh clone of the repository in miniature."""
+"""Support for the end-to-end tests (no tests here): a fresh clone of the repository in miniature."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def subprocess_env(prefect_home: Path | None = None) -> dict[str, str]:
     return env
 
 
-def make_repo(target: Path, overrides: dict | None = None) -> Path:
-    """Copy the working tree (what a commit would hold, tests excluded), point DVC at a private remote,
-    write small params, and bootstrap the raw store — a fresh clone in miniature."""
+def clone_repo(target: Path) -> Path:
+    """Copy the working tree (what a commit would hold, tests excluded), `git init` it and point DVC at a
+    private local remote beside it — a fresh clone in miniature, nothing bootstrapped yet."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
     for name in listed:
@@ -53,11 +53,21 @@ def make_repo(target: Path, overrides: dict | None = None) -> Path:
     (target / "ingest_manifest.jsonl").unlink(missing_ok=True)
     env = subprocess_env()
     for cmd in (["git", "init", "-q"], ["dvc", "remote", "add", "-d", "-f", "--local", "local",
-                                         str(target.parent / f"{target.name}-remote")]):
+                                         str(remote_of(target))]):
         subprocess.run(cmd, cwd=target, env=env, check=True, capture_output=True)
+    return target
+
+
+def remote_of(repo: Path) -> Path:
+    return repo.parent / f"{repo.name}-remote"
+
+
+def make_repo(target: Path, overrides: dict | None = None) -> Path:
+    """`clone_repo`, small params (FLOW_PARAMS + `overrides`), and the raw store bootstrapped."""
+    clone_repo(target)
     params = _merge(_merge(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), FLOW_PARAMS), overrides or {})
     (target / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    done = subprocess.run(["recsys", "bootstrap", "--root", str(target)], cwd=target, env=env,
+    done = subprocess.run(["recsys", "bootstrap", "--root", str(target)], cwd=target, env=subprocess_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return target

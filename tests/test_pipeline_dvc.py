@@ -4,7 +4,6 @@ second repro re-runs nothing, and a model hyperparameter change re-runs only tha
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,16 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flow_support import clone_repo, remote_of, subprocess_env
+
 pytestmark = pytest.mark.slow
 
 METRICS = ("ndcg@10", "hr@10", "mrr")
-
-
-def repo_files(root: Path) -> list[str]:
-    """Tracked files plus new, not-ignored ones (the working tree a commit would hold), tests excluded."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    return [f for f in listed if f and not f.startswith("tests/") and (root / f).is_file()]
 
 
 def sh(args: list[str], cwd: Path, env: dict, timeout: int = 300) -> str:
@@ -36,25 +30,11 @@ def running_stages(output: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def pipeline_repo(tmp_path_factory, repo_root):
-    if shutil.which("git") is None or not (repo_root / ".venv" / "bin" / "dvc").exists():
-        pytest.skip("needs git and the project's .venv with dvc")
-    tmp = tmp_path_factory.mktemp("pipeline")
-    repo = tmp / "repo"
-    for name in repo_files(repo_root):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(repo_root / name, repo / name)
-    env = {
-        **os.environ,
-        "PATH": f"{repo_root / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DO_NOT_TRACK": "1", "GX_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DVC_NO_ANALYTICS": "1", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    env.pop("VIRTUAL_ENV", None)
-    sh(["git", "init", "-q"], repo, env)
-    remote = tmp / "remote"
-    sh(["dvc", "remote", "add", "-d", "-f", "--local", "local", str(remote)], repo, env)
-    return repo, env, remote
+def pipeline_repo(tmp_path_factory):
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = clone_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+    return repo, subprocess_env(), remote_of(repo)
 
 
 def write_tiny_params(repo: Path, write_params, dropout: float = 0.1) -> None:
