@@ -5,10 +5,13 @@ Real Prefect runs (a session-scoped `prefect_test_harness`), real `dvc`, real GX
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -92,21 +95,35 @@ def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_har
     assert "train@sasrec" in summary["stages_run"]
 
 
+def run_flow_process(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int = 900) -> tuple[int, str]:
+    """Run a flow in its own process group, output to a file (not a pipe: a process killed at a fault point
+    leaves its ephemeral API server orphaned, holding any pipe open), then end whatever it left behind."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return code, log.read_text()
+
+
 def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_after_rerun(tmp_path):
     """Kill the flow process at the fault point just before promotion, re-run it twice: one promotion."""
     repo = make_repo(tmp_path / "repo")
     env = subprocess_env(tmp_path / "prefect-home")
     cmd = [sys.executable, "-m", "flows.retrain", "--repo-root", str(repo)]
-    crashed = subprocess.run(cmd, cwd=repo, env={**env, "RECSYS_FAULT": "before_promote"}, capture_output=True,
-                             text=True, timeout=900)
-    assert crashed.returncode != 0, crashed.stdout[-2000:] + crashed.stderr[-2000:]
-    assert "injected fault at before_promote" in crashed.stdout + crashed.stderr
+    code, output = run_flow_process(cmd, repo, {**env, "RECSYS_FAULT": "before_promote"}, tmp_path / "crash.log")
+    assert code != 0, output[-3000:]
+    assert "injected fault at before_promote" in output
     assert (repo / "metrics" / "sasrec.json").is_file()  # evaluation finished before the crash
     assert registry_for(repo).champion_version() is None
 
     for attempt in range(2):
-        done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        code, output = run_flow_process(cmd, repo, env, tmp_path / f"rerun-{attempt}.log")
+        assert code == 0, output[-4000:]
     registry = registry_for(repo)
     events = registry.history()
     promotions = [e for e in events if e.decision == "promoted"]
