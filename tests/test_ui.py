@@ -110,7 +110,7 @@ def test_deploy_manual_run_with_custom_parameters_and_ui_shows_run_and_artifacts
             page.get_by_text(flow_run["name"]).first.wait_for(timeout=60_000)
             page.get_by_text("Completed").first.wait_for(timeout=30_000)
             page.screenshot(path=str(SCREENSHOT_DIR / "ui-flow-run.png"), full_page=True)
-            page.get_by_role("tab", name=re.compile("Artifacts")).first.click()
+            page.get_by_text("Artifacts", exact=True).first.click()
             page.get_by_text("promotion-decision").first.wait_for(timeout=30_000)
             page.get_by_text("model-metrics").first.wait_for(timeout=30_000)
             page.screenshot(path=str(SCREENSHOT_DIR / "ui-flow-run-artifacts.png"), full_page=True)
