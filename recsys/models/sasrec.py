@@ -66,20 +66,18 @@ def sampled_logits(hidden: torch.Tensor, item_emb: torch.Tensor, targets: torch.
 
 
 def gbce_loss(logits: torch.Tensor, n_items: int, t: float) -> torch.Tensor:
-    """gSASRec's gBCE: the positive probability is raised to β to undo negative-sampling overconfidence."""
+    """gSASRec's gBCE: -log σ(s⁺)^β - Σ log(1 - σ(s⁻)), β calibrated to the negative-sampling rate.
+
+    The positive term is β·softplus(-s⁺) in closed form. (The reference code rewrites σ(s⁺)^β as a logit to
+    reuse BCE-with-logits, clamping σ at 1e-10: once a score drifts below ≈ -23 the positive gradient is then
+    exactly zero and the negatives drag every score down — training collapses to chance level.)
+    """
     k = logits.shape[1] - 1
     alpha = k / (n_items - 1)
     beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha)
-    pos = logits[:, :1].double()
-    eps = 1e-10
-    pos_prob = torch.sigmoid(pos).clamp(eps, 1 - eps)
-    # log σ(s)^β expressed as a logit so BCE-with-logits applies unchanged.
-    pos_adj = pos_prob.pow(-beta).clamp(min=1 + eps)
-    pos_logit = torch.log((1.0 / (pos_adj - 1)).clamp(min=eps)).to(logits.dtype)
-    neg = logits[:, 1:]
-    # Masked negatives (-inf) contribute log(1 - σ(-inf)) = 0.
-    neg_loss = F.softplus(neg).nan_to_num(0.0).sum(1)
-    pos_loss = F.softplus(-pos_logit).squeeze(1)
+    pos_loss = beta * F.softplus(-logits[:, 0])
+    # Masked negatives (-inf, an accidental hit of the target) contribute log(1 - σ(-inf)) = 0.
+    neg_loss = F.softplus(logits[:, 1:]).nan_to_num(0.0).sum(1)
     return (pos_loss + neg_loss).mean()
 
 
