@@ -146,7 +146,10 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=0.0)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(args.params)
     folder = Path(args.data_root) / args.dataset

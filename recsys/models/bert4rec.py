@@ -1,0 +1,143 @@
+"""BERT4Rec: Sequential Recommendation with Bidirectional Encoder Representations from Transformer
+(Sun et al., CIKM 2019).
+
+A bidirectional transformer (GELU feed-forward) trained with the cloze objective: a share `mask_prob` of the
+items of each training sequence is replaced by a `[mask]` token (id n_items + 1) and predicted from both
+sides. The output head is the paper's `GELU(h W + b) Eᵀ + b_o`, with E tied to the input item embeddings.
+At test time a `[mask]` is appended after the history and its output ranks the catalogue.
+
+As in the paper, some training samples mask only the last item, which is exactly the test-time task: a share
+`last_item_share` of the rows of every batch gets only its last item masked (the reference code produces
+one such sample per user next to its ten random-mask copies, ≈ 1/11). Masking never selects padding, and a
+row whose random draw masked nothing gets its last item masked so that every row teaches something.
+
+Deviations, on purpose: the encoder uses the project's pre-LN blocks (with a final LayerNorm) instead of
+BERT's post-LN — pre-LN trains stably at larger learning rates, which BERT4Rec needs (Petrov & Macdonald,
+RecSys 2022 show the reference is badly under-trained); positions count from the newest event, so extra
+left padding never changes an output. Loss: full softmax over the catalogue at the masked positions (`ce`)
+or softmax over the target and `n_negatives` shared uniform negatives (`sampled_ce`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recsys.models.base import Batch, SequentialModel
+from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
+
+
+@dataclass(frozen=True)
+class BERT4RecConfig:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    dropout: float = 0.1
+    max_len: int = 200
+    ffn_dim: int = 256
+    mask_prob: float = 0.2
+    # Share of each batch's rows that get only their last item masked (the test-time task).
+    last_item_share: float = 0.1
+    loss: Literal["ce", "sampled_ce"] = "ce"
+    n_negatives: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob <= 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
+        if not 0.0 <= self.last_item_share <= 1.0:
+            raise ValueError(f"last_item_share must be in [0, 1], got {self.last_item_share}")
+
+
+def full_sequences(batch: Batch, max_len: int) -> torch.Tensor:
+    """(B, ≤max_len) left-padded training sequences rebuilt from the next-item layout.
+
+    targets[:, t] is the item after items[:, t], so the whole sequence is items[:, 0] followed by targets;
+    the oldest event is dropped when that is longer than `max_len`.
+    """
+    if batch.targets is None:
+        raise ValueError("BERT4Rec.loss needs batch.targets")
+    seq = torch.cat([batch.items[:, :1], batch.targets], dim=1)  # (B, L + 1)
+    return seq[:, -max_len:]
+
+
+class BERT4Rec(SequentialModel):
+    name = "bert4rec"
+
+    def __init__(self, config: BERT4RecConfig, n_items: int, n_users: int):
+        super().__init__(n_items, n_users)
+        self.config = config
+        d = config.dim
+        self.mask_id = n_items + 1
+        self.item_emb = nn.Embedding(n_items + 2, d, padding_idx=0)  # 0 = padding, n_items + 1 = [mask]
+        self.pos_emb = nn.Embedding(config.max_len, d)
+        self.emb_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=config.ffn_dim, activation="gelu")
+            for _ in range(config.n_layers)
+        )
+        self.final_norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, d)  # W, b of GELU(h W + b) Eᵀ + b_o
+        self.out_bias = nn.Parameter(torch.zeros(n_items + 1))  # b_o; [mask] is never a candidate
+        self.apply(_init_weights)
+
+    def forward(self, items: torch.Tensor) -> torch.Tensor:
+        """(B, L) item ids, possibly holding [mask] → (B, L, D) bidirectional hidden states."""
+        items = items[:, -self.config.max_len :]
+        x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
+        x = x + self.pos_emb(positions_from_end(items))
+        x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
+        mask = attention_mask(items, causal=False)  # (B, 1, L, L)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.final_norm(x)
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, D) → (N, n_items + 1) logits over padding + real items; column 0 is -inf."""
+        h = F.gelu(self.head(hidden))  # (N, D)
+        logits = h @ self.item_emb.weight[: self.n_items + 1].T + self.out_bias  # (N, I + 1)
+        logits[:, 0] = float("-inf")
+        return logits
+
+    def cloze_mask(self, seq: torch.Tensor) -> torch.Tensor:
+        """(B, L) bool: which positions to mask. Never padding; at least one per non-empty row."""
+        valid = seq > 0
+        masked = (torch.rand(seq.shape, device=seq.device) < self.config.mask_prob) & valid
+        last_only = torch.rand(seq.shape[0], device=seq.device) < self.config.last_item_share  # (B,)
+        # Left padding puts the newest item at -1; rows with nothing masked fall back to it too.
+        fallback = last_only | ~masked.any(dim=1)
+        last = torch.zeros_like(masked)
+        last[:, -1] = valid[:, -1]
+        return torch.where(fallback[:, None], last, masked)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        seq = full_sequences(batch, self.config.max_len)  # (B, L)
+        masked = self.cloze_mask(seq)
+        inputs = seq.masked_fill(masked, self.mask_id)
+        hidden = self(inputs)[masked]  # (N, D)
+        y = seq[masked]  # (N,)
+        cfg = self.config
+        if cfg.loss == "ce":
+            return F.cross_entropy(self.output_logits(hidden).float(), y)
+        h = F.gelu(self.head(hidden))
+        neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)  # (K,)
+        emb, bias = self.item_emb.weight, self.out_bias
+        pos = (h * emb[y]).sum(-1, keepdim=True) + bias[y, None]  # (N, 1)
+        negs = h @ emb[neg].T + bias[neg]  # (N, K)
+        negs = negs.masked_fill(neg[None, :] == y[:, None], float("-inf"))
+        logits = torch.cat([pos, negs], dim=1)
+        return F.cross_entropy(logits.float(), torch.zeros_like(y))
+
+    def append_mask(self, items: torch.Tensor) -> torch.Tensor:
+        """Append [mask] after the newest item, dropping the oldest column when at max_len."""
+        mask_col = torch.full_like(items[:, :1], self.mask_id)
+        return torch.cat([items, mask_col], dim=1)[:, -self.config.max_len :]
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        hidden = self(self.append_mask(batch.items))[:, -1]  # (B, D)
+        return self.output_logits(hidden)  # (B, I + 1)

@@ -1,0 +1,73 @@
+"""Calendar features of UTC timestamps, computed with integer tensor ops (MOJITO's seven time contexts).
+
+MOJITO (Tran et al., SIGIR 2023) describes every event by year, month, day of month, day of week, day of
+year, ISO week and hour, all taken from the UTC timestamp (its reference code uses pandas' `dt.year`, ...,
+`dt.week`, with the year rebased so the first year is 1 and the day of week shifted to 1..7). Computing them
+here, on the (B, L) int64 tensors the model already receives, keeps them exact (no float rounding, no
+timezone library) and vectorised, and needs no lookup table that a checkpoint would have to carry.
+
+The Gregorian conversion is Howard Hinnant's `civil_from_days` (public-domain date algorithms), written
+with floor division so timestamps before 1970 are right too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SECONDS_PER_DAY = 86_400
+N_TIME_FEATURES = 7
+FEATURE_NAMES = ("year", "month", "day", "dayofweek", "dayofyear", "week", "hour")
+
+
+def _floordiv(a: torch.Tensor, b: int) -> torch.Tensor:
+    return torch.div(a, b, rounding_mode="floor")
+
+
+def _days_from_civil_jan1(year: torch.Tensor) -> torch.Tensor:
+    """Days since 1970-01-01 of 1 January of `year` (Hinnant's days_from_civil with m=1, d=1)."""
+    y = year - 1  # January counts in the previous March-based year
+    era = _floordiv(y, 400)
+    yoe = y - era * 400  # [0, 399]
+    doe = yoe * 365 + _floordiv(yoe, 4) - _floordiv(yoe, 100) + 306  # 306 = day of 1 Jan in a March year
+    return era * 146_097 + doe - 719_468
+
+
+def _iso_weeks_in_year(year: torch.Tensor) -> torch.Tensor:
+    """52 or 53: a year has 53 ISO weeks when it starts on a Thursday, or on a Wednesday in a leap year."""
+
+    def p(y: torch.Tensor) -> torch.Tensor:
+        return (y + _floordiv(y, 4) - _floordiv(y, 100) + _floordiv(y, 400)) % 7
+
+    return 52 + ((p(year) == 4) | (p(year - 1) == 3)).long()
+
+
+def time_features(timestamps: torch.Tensor, base_year: int = 2000) -> torch.Tensor:
+    """(...,) int64 UTC seconds → (..., 7) int64 features, in the order of `FEATURE_NAMES`:
+
+    year - base_year + 1, month 1..12, day 1..31, day of week 1..7 (Monday = 1), day of year 1..366,
+    ISO-8601 week 1..53, hour 0..23. Callers zero the features of padding positions themselves.
+    """
+    ts = timestamps.long()
+    days = _floordiv(ts, SECONDS_PER_DAY)
+    hour = _floordiv(ts - days * SECONDS_PER_DAY, 3600)
+
+    # civil_from_days: shift the epoch to 0000-03-01 so the leap day is the last day of the year.
+    z = days + 719_468
+    era = _floordiv(z, 146_097)
+    doe = z - era * 146_097  # [0, 146096]
+    yoe = _floordiv(doe - _floordiv(doe, 1460) + _floordiv(doe, 36_524) - _floordiv(doe, 146_096), 365)
+    doy_march = doe - (365 * yoe + _floordiv(yoe, 4) - _floordiv(yoe, 100))  # [0, 365]
+    mp = _floordiv(5 * doy_march + 2, 153)  # [0, 11], March = 0
+    day = doy_march - _floordiv(153 * mp + 2, 5) + 1
+    month = torch.where(mp < 10, mp + 3, mp - 9)
+    year = yoe + era * 400 + (month <= 2).long()
+
+    dayofweek = (days + 3) % 7 + 1  # 1970-01-01 was a Thursday (ISO 4)
+    dayofyear = days - _days_from_civil_jan1(year) + 1
+
+    # ISO week: the week holding the year's first Thursday is week 1.
+    week = _floordiv(dayofyear - dayofweek + 10, 7)
+    week = torch.where(week > _iso_weeks_in_year(year), torch.ones_like(week), week)
+    week = torch.where(week < 1, _iso_weeks_in_year(year - 1), week)  # late December of the previous year
+
+    return torch.stack([year - base_year + 1, month, day, dayofweek, dayofyear, week, hour], dim=-1)

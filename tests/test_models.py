@@ -1,0 +1,280 @@
+"""Behaviour of every registered model: contract, overfitting, checkpoints, causality, padding, time."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from recsys.models import MODELS, build_model, config_from_dict
+from recsys.models.base import Batch
+from recsys.models.bert4rec import BERT4RecConfig, full_sequences
+
+N_ITEMS, N_USERS, L = 30, 6, 12
+ALL = sorted(MODELS)
+TRAINABLE = [n for n in ALL if MODELS[n].trainable]
+CAUSAL = [n for n in ("sasrec", "mojito") if n in MODELS]
+DAY = 86_400
+T0 = 1_000_000_000  # 2001-09-09
+
+
+def tiny_config(name: str, **overrides):
+    cls = config_from_dict(name, {}).__class__
+    known = {f.name for f in dataclasses.fields(cls)}
+    small = {
+        "dim": 16,
+        "n_layers": 2,
+        "n_heads": 2,
+        "dropout": 0.1,
+        "max_len": L,
+        "ffn_dim": 32,
+        "fism_items": 4,
+    }
+    small.update(overrides)
+    return cls(**{k: v for k, v in small.items() if k in known})
+
+
+def make_model(name: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = build_model(name, tiny_config(name, **overrides), n_items=N_ITEMS, n_users=N_USERS)
+    if not model.trainable:
+        model.fit_statistics(
+            torch.randint(1, N_ITEMS + 1, (200,), generator=torch.Generator().manual_seed(seed))
+        )
+    return model
+
+
+def sequences(B: int = 4, seed: int = 0, min_len: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L + 1) left-padded item sequences and their UTC times (irregular gaps, 0 at padding)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, L + 2, (B,), generator=g)
+    lengths[0] = L + 1  # one full row
+    items = torch.randint(1, N_ITEMS + 1, (B, L + 1), generator=g)
+    live = torch.arange(L + 1)[None, :] >= (L + 1 - lengths[:, None])
+    gaps = torch.randint(60, 3 * DAY, (B, L + 1), generator=g)
+    times = T0 + gaps.cumsum(1)
+    return items * live, times * live
+
+
+def train_batch(seq: torch.Tensor, times: torch.Tensor) -> Batch:
+    B = seq.shape[0]
+    return Batch(
+        items=seq[:, :-1],
+        times=times[:, :-1],
+        users=torch.arange(1, B + 1) % (N_USERS + 1),
+        targets=seq[:, 1:],
+        target_times=times[:, 1:],
+    )
+
+
+def eval_batch(seq: torch.Tensor, times: torch.Tensor, next_time: torch.Tensor | None = None) -> Batch:
+    """Inputs = the whole `seq`; the event being predicted comes after it."""
+    B = seq.shape[0]
+    nt = times[:, -1] + 3600 if next_time is None else next_time
+    return Batch(items=seq, times=times, users=torch.arange(1, B + 1) % (N_USERS + 1), next_time=nt)
+
+
+def left_pad(t: torch.Tensor, extra: int) -> torch.Tensor:
+    return torch.cat([torch.zeros(t.shape[0], extra, dtype=t.dtype), t], dim=1)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_score_contract(name):
+    model = make_model(name).eval()
+    seq, times = sequences()
+    with torch.no_grad():
+        scores = model.score(eval_batch(seq[:, 1:], times[:, 1:]))
+    assert scores.shape == (4, N_ITEMS + 1)
+    assert torch.isneginf(scores[:, 0]).all()
+    assert torch.isfinite(scores[:, 1:]).all()
+
+
+@pytest.mark.parametrize("name", TRAINABLE)
+def test_overfits_one_batch(name):
+    model = make_model(name, dropout=0.0, mask_prob=0.3, last_item_share=0.3)
+    seq, times = sequences(B=4, seed=1, min_len=6)
+    batch = train_batch(seq, times)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    first = model.loss(batch).item()
+    for _ in range(200):
+        loss = model.loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    assert loss.item() < 0.2 * first
+    # The last training target is predicted, at rank 1, from the history before it.
+    model.eval()
+    with torch.no_grad():
+        scores = model.score(eval_batch(seq[:, :-1], times[:, :-1], next_time=times[:, -1]))
+    assert (scores.argmax(1) == seq[:, -1]).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checkpoint_round_trip(name, tmp_path):
+    model = make_model(name)
+    if model.trainable:  # move away from the initialisation so that every tensor matters
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for _ in range(3):
+            loss = model.loss(train_batch(*sequences()))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    (tmp_path / "model.json").write_text(
+        json.dumps({"model": name, "config": dataclasses.asdict(model.config)})
+    )
+
+    meta = json.loads((tmp_path / "model.json").read_text())
+    rebuilt = build_model(meta["model"], config_from_dict(meta["model"], meta["config"]), N_ITEMS, N_USERS)
+    rebuilt.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=True)
+    assert rebuilt.config == model.config
+    batch = eval_batch(*sequences(seed=3))
+    with torch.no_grad():
+        assert torch.equal(model.eval().score(batch), rebuilt.eval().score(batch))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_extra_left_padding_changes_nothing(name):
+    model = make_model(name).eval()
+    seq, times = sequences(B=4, seed=4, min_len=2)
+    short, short_t = seq[:, 5:], times[:, 5:]  # shorter than max_len, so padding fits
+    padded = eval_batch(left_pad(short, 4), left_pad(short_t, 4), next_time=times[:, -1] + 60)
+    with torch.no_grad():
+        a = model.score(eval_batch(short, short_t, next_time=times[:, -1] + 60))
+        b = model.score(padded)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _later_changed(seq: torch.Tensor, times: torch.Tensor, t: int):
+    g = torch.Generator().manual_seed(9)
+    seq2, times2 = seq.clone(), times.clone()
+    live = seq2[:, t + 1 :] > 0
+    seq2[:, t + 1 :] = torch.where(live, torch.randint(1, N_ITEMS + 1, live.shape, generator=g), 0)
+    times2[:, t + 1 :] += live * 7 * 3600
+    return seq2, times2
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_outputs_do_not_depend_on_later_items(name):
+    model = make_model(name).eval()
+    seq, times = sequences(B=4, seed=5)
+    a, b = train_batch(seq, times), train_batch(*_later_changed(seq, times, t=6))
+    # Same target times up to t, so per-position scores must match there too.
+    b.target_times[:, :7] = a.target_times[:, :7]
+    with torch.no_grad():
+        ha, hb = model(a), model(b)
+        torch.testing.assert_close(ha[:, :7], hb[:, :7])
+        assert not torch.allclose(ha[:, 8:], hb[:, 8:])
+        if name == "mojito":  # the long-term FISM part included
+            sa, sb = model.sequence_scores(a), model.sequence_scores(b)
+            torch.testing.assert_close(sa[:, :7], sb[:, :7])
+
+
+def test_bert4rec_outputs_depend_on_later_items():
+    model = make_model("bert4rec").eval()
+    seq, times = sequences(B=4, seed=5)
+    seq2, _ = _later_changed(seq, times, t=6)
+    with torch.no_grad():
+        ha, hb = model(seq), model(seq2)
+    live = seq[:, :7] > 0
+    assert not torch.allclose(ha[:, :7][live], hb[:, :7][live])
+
+
+def test_bert4rec_scores_through_an_appended_mask():
+    model = make_model("bert4rec").eval()
+    seq, times = sequences(B=4, seed=6)
+    batch = eval_batch(seq[:, 1:], times[:, 1:])  # row 0 is exactly max_len long
+    with torch.no_grad():
+        scores = model.score(batch)
+        inputs = torch.cat([batch.items, torch.full((4, 1), model.mask_id)], dim=1)[:, -L:]
+        assert (inputs[:, -1] == N_ITEMS + 1).all()
+        torch.testing.assert_close(scores, model.output_logits(model(inputs)[:, -1]))
+        # At max_len the oldest item is dropped to make room for the mask.
+        changed = batch.items.clone()
+        changed[0, 0] = changed[0, 0] % N_ITEMS + 1
+        changed[1, -1] = changed[1, -1] % N_ITEMS + 1
+        other = model.score(eval_batch(changed, batch.times))
+    torch.testing.assert_close(scores[0], other[0])
+    assert not torch.allclose(scores[1], other[1])
+    # The [mask] token is never a candidate.
+    assert scores.shape[1] == N_ITEMS + 1
+
+
+def test_bert4rec_masking_never_selects_padding():
+    model = make_model("bert4rec", mask_prob=0.5, last_item_share=0.2)
+    seq, times = sequences(B=64, seed=7, min_len=1)
+    full = full_sequences(train_batch(seq, times), max_len=L)
+    torch.testing.assert_close(full, seq[:, -L:])
+    total = torch.zeros_like(full, dtype=torch.float)
+    for _ in range(50):
+        masked = model.cloze_mask(full)
+        assert not (masked & (full == 0)).any()
+        assert masked.any(dim=1).all()  # every row teaches something
+        total += masked
+    share = total.sum() / (50 * (full > 0).sum())
+    assert 0.35 < share < 0.6  # ≈ 0.8·0.5 random + last-item-only rows
+    last_only = make_model("bert4rec", last_item_share=1.0).cloze_mask(full)
+    assert last_only[:, -1].all() and not last_only[:, :-1].any()
+
+
+def test_bert4rec_sampled_loss_trains():
+    model = make_model("bert4rec", loss="sampled_ce", n_negatives=8)
+    loss = model.loss(train_batch(*sequences()))
+    loss.backward()
+    assert torch.isfinite(loss) and model.item_emb.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError):
+        BERT4RecConfig(mask_prob=0.0)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "mojito"])
+def test_time_agnostic_models_ignore_timestamps(name):
+    model = make_model(name).eval()
+    seq, times = sequences(seed=8)
+    with torch.no_grad():
+        a = model.score(eval_batch(seq, times))
+        b = model.score(eval_batch(seq, times + (seq > 0) * 5 * 3600, next_time=times[:, -1] + 99 * DAY))
+    torch.testing.assert_close(a, b)
+
+
+def test_mojito_scores_depend_on_timestamps():
+    model = make_model("mojito").eval()
+    seq, times = sequences(seed=8)
+    with torch.no_grad():
+        a = model.score(eval_batch(seq, times))
+        # Only the hours of the input events change: the ranking itself changes, not just a shift.
+        b = model.score(eval_batch(seq, times + (seq > 0) * 5 * 3600, next_time=times[:, -1] + 3600))
+        c = model.score(eval_batch(seq, times, next_time=times[:, -1] + 40 * DAY))
+    finite = torch.isfinite(a)
+    assert not torch.allclose(a[finite] - a[finite].mean(), b[finite] - b[finite].mean())
+    assert not torch.allclose(a, c)
+
+
+def test_mojito_bce_loss_unknown_users_and_noise():
+    model = make_model("mojito", loss="bce")
+    seq, times = sequences()
+    batch = train_batch(seq, times)
+    batch.users = torch.tensor([0, 1, N_USERS, N_USERS + 5])  # unknown and out-of-range users
+    loss = model.loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.sigma_noise.grad is not None and model.sigma_noise.grad.abs().sum() > 0
+    assert model.user_emb.weight.grad[0].abs().sum() == 0  # row 0 stays the zero padding row
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model.score(eval_batch(seq, times)), model.score(eval_batch(seq, times)))
+    no_long = make_model("mojito", long_weight=0.0)
+    assert torch.isfinite(no_long.loss(train_batch(seq, times)))
+
+
+def test_mojito_reference_residuals_are_causal_and_train():
+    model = make_model("mojito", residual="reference")
+    seq, times = sequences(B=4, seed=5)
+    assert torch.isfinite(model.loss(train_batch(seq, times)))
+    model.eval()
+    with torch.no_grad():
+        a = model(train_batch(seq, times))
+        b = model(train_batch(*_later_changed(seq, times, t=6)))
+    torch.testing.assert_close(a[:, :7], b[:, :7])
