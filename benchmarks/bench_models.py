@@ -103,13 +103,21 @@ def _read_curve(path: Path) -> list[dict]:
 
 
 def merge(results: list[dict]) -> list[dict]:
-    existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
-    keep = {(r["dataset"], r["run"]): r for r in existing}
-    for r in results:
-        keep[(r["dataset"], r["run"])] = r
-    merged = sorted(keep.values(), key=lambda r: (r["dataset"], r["run"]))
+    """Read-modify-write under a lock: several benchmark processes may finish runs at the same time."""
+    import fcntl
+
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(merged, indent=1) + "\n")
+    with open(RESULTS.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+        keep = {(r["dataset"], r["run"]): r for r in existing}
+        for r in results:
+            keep[(r["dataset"], r["run"])] = r
+        merged = sorted(keep.values(), key=lambda r: (r["dataset"], r["run"]))
+        tmp = RESULTS.with_suffix(".tmp")
+        tmp.write_text(json.dumps(merged, indent=1) + "\n")
+        tmp.replace(RESULTS)
+        update_results_md(merged)
     return merged
 
 
@@ -165,8 +173,7 @@ def main() -> None:
             row.update(dataset=args.dataset, machine=machine(), commit=git_commit(),
                        command=" ".join([Path(sys.executable).name, *sys.argv]),
                        n_users=prepared.n_users, n_items=prepared.n_items)
-            merged = merge([row])
-            update_results_md(merged)
+            merge([row])
             logging.info("%s %s test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs stopped_by=%s",
                          args.dataset, run, row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
                          row["seconds_to_best"], row["stopped_by"])
