@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from recsys.config import load_params, validate_name
-from recsys.errors import user_errors
+from recsys.entry import user_errors
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: generate, download, import into the raw store.")

@@ -10,7 +10,6 @@ The `evaluate` DVC stage (`main`) scores the test split once per model and write
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -22,7 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import EvaluateConfig, load_params, validate_name
+from recsys.config import EvaluateConfig
+from recsys.entry import model_stage_args
 from recsys.metrics import per_user_metrics, target_rank
 from recsys.models.base import SequentialModel
 from recsys.prepare import Prepared, load
@@ -173,14 +173,7 @@ def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, e
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="evaluate stage: score the test split once")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args(argv)
-    name = validate_name(args.model, "model name")
-    params = load_params(args.params)
-    root = Path(args.root)
+    name, params, root = model_stage_args("evaluate stage: score the test split once", argv)
     from recsys.train import resolve_device
 
     device = resolve_device(params.train_config(name).device)
@@ -194,6 +187,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from recsys.errors import run_entry
+    from recsys.entry import run_entry
 
     run_entry(main)

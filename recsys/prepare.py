@@ -201,6 +201,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from recsys.errors import run_entry
+    from recsys.entry import run_entry
 
     run_entry(main)

@@ -10,7 +10,6 @@ other hyperparameters can never pick up a stale state.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import hashlib
@@ -29,7 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
-from recsys.config import TrainConfig, load_params, validate_name
+from recsys.config import TrainConfig
+from recsys.entry import model_stage_args
 from recsys.evaluate import rank_targets, summarise
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
@@ -264,14 +264,7 @@ def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="train stage: prepared dataset → best checkpoint")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--root", default=".")
-    args = parser.parse_args(argv)
-    name = validate_name(args.model, "model name")
-    params = load_params(args.params)
-    root = Path(args.root)
+    name, params, root = model_stage_args("train stage: prepared dataset → best checkpoint", argv)
     result = train_model(
         name, params.model_config(name), params.train_config(name), root / "artifacts" / "prepared",
         root / "artifacts" / "models" / name, curve_path=root / "plots" / f"{name}.csv",
@@ -283,6 +276,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from recsys.errors import run_entry
+    from recsys.entry import run_entry
 
     run_entry(main)

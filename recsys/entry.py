@@ -1,9 +1,12 @@
-"""Errors a user can fix (bad config, bad input, missing files): one clear line, exit 1, no traceback."""
+"""Entry points: the per-model stage arguments, and errors a user can fix (bad config, bad input, missing
+files) reported as one clear line with exit code 1 — no traceback."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Callable
 
 _USER_ERRORS = [
@@ -34,3 +37,15 @@ def run_entry(main: Callable[[], None]) -> None:
             raise
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+
+
+def model_stage_args(description: str, argv: list[str] | None = None):
+    """`--model NAME [--params params.yaml] [--root .]` → (validated model name, Params, repo root)."""
+    from recsys.config import load_params, validate_name
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args(argv)
+    return validate_name(args.model, "model name"), load_params(args.params), Path(args.root)
