@@ -15,7 +15,7 @@ from recsys.store import list_parts, read_store
 from test_ingest_support import config, copy_repo, events, make_repo, snapshot, write_frame
 
 CFG = config()
-FORK = multiprocessing.get_context("fork")
+SPAWN = multiprocessing.get_context("spawn")
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def _child_ingest(repo, path, fault, queue=None, barrier=None):
 
 
 def _run_child(*args):
-    process = FORK.Process(target=_child_ingest, args=args)
+    process = SPAWN.Process(target=_child_ingest, args=args)
     process.start()
-    process.join(60)
+    process.join(300)
     return process.exitcode
 
 
@@ -106,14 +106,16 @@ def test_torn_manifest_line_is_repaired_and_batch_recorded_once(seeded_template,
 def test_same_batch_from_two_processes_at_once_is_appended_exactly_once(seeded_template, tmp_path):
     repo = copy_repo(seeded_template, tmp_path / "repo")
     path = write_frame(repo / "inbox" / "race.csv", events(20, start=400))
-    queue, barrier = FORK.Queue(), FORK.Barrier(2)
+    # Fresh interpreters (spawn), not forks: by now this test process may run other threads (e.g. a Prefect
+    # test server), and two real writers are what the lock must survive.
+    queue, barrier = SPAWN.Queue(), SPAWN.Barrier(2)
     processes = [
-        FORK.Process(target=_child_ingest, args=(repo, path, None, queue, barrier)) for _ in range(2)
+        SPAWN.Process(target=_child_ingest, args=(repo, path, None, queue, barrier)) for _ in range(2)
     ]
     for process in processes:
         process.start()
     for process in processes:
-        process.join(60)
+        process.join(300)
     assert [p.exitcode for p in processes] == [0, 0]
     statuses = sorted(queue.get(timeout=5)[0] for _ in processes)
     assert statuses == ["duplicate_batch", "ingested"]
