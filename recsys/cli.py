@@ -80,8 +80,13 @@ def data_import(
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
 ) -> None:
     """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
-    from recsys.data import (DataError, Generated, read_movielens_1m, read_movielens_100k, read_movielens_titles,
-                             read_table, write_store)
+    from recsys.data import (SEED_PART, DataError, Generated, read_movielens_1m, read_movielens_100k,
+                             read_movielens_titles, read_table, write_store)
+
+    batches = sorted(p.name for p in (out / "interactions").glob("part-*.parquet") if p.name != SEED_PART)
+    if batches:
+        raise DataError(f"{out} already holds ingested batches ({', '.join(batches[:3])}…); importing a dataset "
+                        "as the seed would mix the two. Use an empty store (e.g. --out elsewhere) or remove them.")
 
     if source == "movielens-1m":
         frame, titles = read_movielens_1m(path), read_movielens_titles(path)

@@ -139,3 +139,24 @@ def test_console_script_refuses_injection(repo_root, tmp_path):
     assert "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if line.strip()] == [
         "error: invalid model name 'x;drop': use lowercase letters, digits and _ (max 64)"]
+
+
+def test_data_import_refuses_to_mix_a_dataset_with_ingested_batches(monkeypatch, capsys, tmp_path, tiny_store):
+    ratings = tmp_path / "ml" / "u.data"
+    ratings.parent.mkdir()
+    ratings.write_text("".join(f"{u}\t{i}\t4\t{880000000 + u * 10 + i}\n" for u in range(1, 4) for i in range(1, 4)))
+    batch = tiny_store / "interactions" / "part-00000000deadbeef.parquet"
+    seed = tiny_store / "interactions" / "part-0000000000000000.parquet"
+    batch.write_bytes(seed.read_bytes())
+    before = seed.read_bytes()
+
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "movielens-100k", str(ratings.parent),
+                           "--out", str(tiny_store))
+    assert code == 1
+    assert_one_line_error(err, "already holds ingested batches", "part-00000000deadbeef.parquet")
+    assert seed.read_bytes() == before  # nothing rewritten
+
+    batch.unlink()
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "movielens-100k", str(ratings.parent),
+                           "--out", str(tiny_store))
+    assert code == 0 and "wrote 9 interactions" in out
