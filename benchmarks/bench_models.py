@@ -161,6 +161,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(args.params)
     folder = Path(args.data_root) / args.dataset
+    commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends
     started = time.perf_counter()
     prepared = prepare(READERS[args.dataset](folder), params.prepare, read_movielens_titles(folder))
     logging.info("prepared %s in %.1fs: %s", args.dataset, time.perf_counter() - started,
@@ -170,7 +171,7 @@ def main() -> None:
         save(prepared, work / "prepared")
         for run in args.runs:
             row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device)
-            row.update(dataset=args.dataset, machine=machine(), commit=git_commit(),
+            row.update(dataset=args.dataset, machine=machine(), commit=commit,
                        command=" ".join([Path(sys.executable).name, *sys.argv]),
                        n_users=prepared.n_users, n_items=prepared.n_items)
             merge([row])
