@@ -209,6 +209,23 @@ def test_rerun_after_success_returns_the_recorded_decision(registry, tmp_path):
     assert len(registry.history()) == 1
 
 
+def test_a_changed_gate_decides_again_instead_of_replaying(tmp_path):
+    config = registry_config(tmp_path)
+    champion = make_checkpoint(tmp_path / "ckpts", "champion")
+    candidate = make_checkpoint(tmp_path / "ckpts", "candidate")
+    small_gain = make_eval(0.002, seed=7)
+    with open_registry(config, tmp_path, GateConfig(min_delta=0.01)) as strict:
+        assert strict.promote(champion, make_eval(0.0), mostpop_result=MOSTPOP).promoted
+        refused = strict.promote(candidate, small_gain, mostpop_result=MOSTPOP)
+        assert not refused.promoted and "min_delta" in refused.reason
+        assert strict.promote(candidate, small_gain, mostpop_result=MOSTPOP).replayed
+    with open_registry(config, tmp_path, GateConfig(min_delta=0.0, significance=False)) as lenient:
+        again = lenient.promote(candidate, small_gain, mostpop_result=MOSTPOP)
+        assert not again.replayed and again.promoted, again.reason
+        assert lenient.champion_version() == again.version
+        assert [e.decision for e in lenient.history()] == ["promoted", "rejected", "promoted"]
+
+
 def test_same_artifact_copied_elsewhere_is_the_same_version(registry, tmp_path):
     a = make_checkpoint(tmp_path / "one", "ck", payload=b"same weights")
     b = make_checkpoint(tmp_path / "two", "ck", payload=b"same weights")

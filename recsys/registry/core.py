@@ -414,6 +414,11 @@ class Registry:
                 PromotionEvent.candidate_version_id == version.id,
                 PromotionEvent.eval_fingerprint == fingerprint,  # `IS NULL` when None
                 PromotionEvent.decision.in_(("promoted", "rejected")),
+                # A decision is only replayed under the same gate: new thresholds deserve a new decision.
+                PromotionEvent.metric == self.gate.metric,
+                PromotionEvent.min_delta == self.gate.min_delta,
+                PromotionEvent.significance == self.gate.significance,
+                PromotionEvent.alpha == self.gate.alpha,
             )
             .order_by(PromotionEvent.id)
             .limit(1)
