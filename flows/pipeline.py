@@ -72,10 +72,11 @@ def describe_champion(repo_root: Path, params_file: str = "params.yaml", k: int 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     parser = argparse.ArgumentParser(description="run the pipeline flow (ingest → retrain → gate)")
+    parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--repo-root", default=str(ROOT))
     args = parser.parse_args()
-    summary = pipeline(force=args.force, epochs=args.epochs, repo_root=args.repo_root)
+    summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, repo_root=args.repo_root)
     print(json.dumps(summary, indent=2, default=str))
     print(describe_champion(Path(args.repo_root)))
