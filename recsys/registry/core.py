@@ -221,6 +221,28 @@ def _default_evaluate_fn() -> EvaluateFn:
     return evaluate_checkpoint
 
 
+def _decision_from_event(
+    event: PromotionEvent, version: ModelVersion, baseline_version: int | None, replayed: bool = False
+) -> PromotionDecision:
+    """The decision as callers see it — read from the event row, whether just written or replayed."""
+    return PromotionDecision(
+        promoted=event.decision == "promoted",
+        decision=event.decision,
+        reason=event.reason,
+        version=version.version,
+        artifact_sha256=version.artifact_sha256,
+        eval_fingerprint=event.eval_fingerprint,
+        metric=event.metric,
+        candidate_metric=event.candidate_metric,
+        baseline_metric=event.baseline_metric,
+        baseline_version=baseline_version,
+        baseline_kind=event.baseline_kind,
+        delta=event.delta,
+        p_value=event.p_value,
+        replayed=replayed,
+    )
+
+
 # --- the registry ----------------------------------------------------------------------------------------
 
 
@@ -430,22 +452,7 @@ class Registry:
             if event.baseline_version_id is not None
             else None
         )
-        return PromotionDecision(
-            promoted=event.decision == "promoted",
-            decision=event.decision,
-            reason=event.reason,
-            version=version.version,
-            artifact_sha256=version.artifact_sha256,
-            eval_fingerprint=event.eval_fingerprint,
-            metric=event.metric,
-            candidate_metric=event.candidate_metric,
-            baseline_metric=event.baseline_metric,
-            baseline_version=baseline_number,
-            baseline_kind=event.baseline_kind,
-            delta=event.delta,
-            p_value=event.p_value,
-            replayed=True,
-        )
+        return _decision_from_event(event, version, baseline_number, replayed=True)
 
     def _champion(self) -> _Champion | None:
         with read_session(self.engine) as session:
@@ -562,42 +569,27 @@ class Registry:
                 version.status = "promoted"
             elif version.status == "registered":
                 version.status = "rejected"
-            session.add(
-                PromotionEvent(
-                    model_id=model.id,
-                    candidate_version_id=version.id,
-                    baseline_version_id=baseline_version_id,
-                    baseline_kind=baseline_kind,
-                    metric=gate.metric,
-                    candidate_metric=_finite_or_none(outcome.candidate_metric),
-                    baseline_metric=_finite_or_none(outcome.baseline_metric),
-                    eval_fingerprint=fingerprint,
-                    delta=_finite_or_none(outcome.delta),
-                    p_value=_finite_or_none(outcome.p_value),
-                    min_delta=gate.min_delta,
-                    significance=gate.significance,
-                    alpha=gate.alpha,
-                    decision=decision,
-                    reason=outcome.reason,
-                )
-            )
-            log.info("gate model=%s version=%d decision=%s reason=%s", self.model_name, version.version,
-                     decision, outcome.reason)
-            return PromotionDecision(
-                promoted=outcome.promote,
-                decision=decision,
-                reason=outcome.reason,
-                version=version.version,
-                artifact_sha256=sha256,
-                eval_fingerprint=fingerprint,
+            event = PromotionEvent(
+                model_id=model.id,
+                candidate_version_id=version.id,
+                baseline_version_id=baseline_version_id,
+                baseline_kind=baseline_kind,
                 metric=gate.metric,
                 candidate_metric=_finite_or_none(outcome.candidate_metric),
                 baseline_metric=_finite_or_none(outcome.baseline_metric),
-                baseline_version=current.version if current is not None else None,
-                baseline_kind=baseline_kind,
+                eval_fingerprint=fingerprint,
                 delta=_finite_or_none(outcome.delta),
                 p_value=_finite_or_none(outcome.p_value),
+                min_delta=gate.min_delta,
+                significance=gate.significance,
+                alpha=gate.alpha,
+                decision=decision,
+                reason=outcome.reason,
             )
+            session.add(event)
+            log.info("gate model=%s version=%d decision=%s reason=%s", self.model_name, version.version,
+                     decision, outcome.reason)
+            return _decision_from_event(event, version, current.version if current is not None else None)
 
     @staticmethod
     def _move_champion(session: Session, model_id: int, version_id: int) -> None:
