@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -107,20 +106,19 @@ def data_import(
 def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> None:
     """Make sure the raw store exists: `dvc pull` it, or generate the default dataset and version it."""
     from recsys.data import generate, write_store
+    from recsys.workspace import run_dvc
 
     store = root / "data" / "interactions"
     if store.is_dir() and any(store.glob("*.parquet")):
         typer.echo("raw store present")
         return
-    pulled = subprocess.run(["dvc", "pull", "data.dvc", "--quiet"], cwd=root, capture_output=True, text=True)
+    pulled = run_dvc(root, "pull", "data.dvc", "--quiet", check=False)
     if pulled.returncode == 0 and store.is_dir() and any(store.glob("*.parquet")):
         typer.echo("raw store pulled from the DVC remote")
         return
     write_store(generate(load_params(root / "params.yaml").generate), root / "data")
-    for cmd in (["dvc", "add", "data", "--quiet"], ["dvc", "push", "data.dvc", "--quiet"]):
-        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")
+    run_dvc(root, "add", "data", "--quiet")  # raises DvcError (reported as one line) on failure
+    run_dvc(root, "push", "data.dvc", "--quiet")
     typer.echo("generated the default dataset into data/ and versioned it with DVC")
 
 
