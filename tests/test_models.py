@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from recsys.models import MODELS, build_model, config_from_dict
@@ -171,6 +172,33 @@ def test_outputs_do_not_depend_on_later_items(name):
         if name == "mojito":  # the long-term FISM part included
             sa, sb = model.sequence_scores(a), model.sequence_scores(b)
             torch.testing.assert_close(sa[:, :7], sb[:, :7])
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_full_softmax_loss_is_cross_entropy_of_the_ranked_scores(name):
+    """The chunked training loss (losses.py) is exactly CE over the scores that evaluation ranks."""
+    model = make_model(name).eval()  # eval: no dropout, MOJITO's deterministic FISM sample
+    batch = train_batch(*sequences(B=4, seed=8))
+    keep = batch.targets > 0
+    loss = model.loss(batch)
+    with torch.no_grad():
+        ref = F.cross_entropy(model.sequence_scores(batch)[keep], batch.targets[keep])
+    torch.testing.assert_close(loss.detach(), ref, rtol=1e-5, atol=1e-5)
+    loss.backward()
+    assert model.item_emb.weight.grad[1:].abs().sum() > 0
+
+
+def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions():
+    model = make_model("bert4rec").eval()
+    batch = train_batch(*sequences(B=4, seed=8))
+    torch.manual_seed(3)
+    loss = model.loss(batch)
+    torch.manual_seed(3)
+    seq = full_sequences(batch, L)
+    masked = model.cloze_mask(seq)
+    with torch.no_grad():
+        logits = model.output_logits(model(seq.masked_fill(masked, model.mask_id))[masked])
+    torch.testing.assert_close(loss.detach(), F.cross_entropy(logits, seq[masked]), rtol=1e-5, atol=1e-5)
 
 
 def test_bert4rec_outputs_depend_on_later_items():

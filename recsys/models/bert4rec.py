@@ -30,6 +30,7 @@ from torch import nn
 
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.losses import linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 
 
@@ -122,8 +123,10 @@ class BERT4Rec(SequentialModel):
         hidden = self(inputs)[masked]  # (N, D)
         y = seq[masked]  # (N,)
         cfg = self.config
-        if cfg.loss == "ce":
-            return F.cross_entropy(self.output_logits(hidden).float(), y)
+        if cfg.loss == "ce":  # full softmax over the real items: the head, chunked (losses.py)
+            h = F.gelu(self.head(hidden))
+            weight = self.item_emb.weight[1 : self.n_items + 1]
+            return linear_cross_entropy(h, weight, y - 1, bias=self.out_bias[1:])
         h = F.gelu(self.head(hidden))
         neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)  # (K,)
         emb, bias = self.item_emb.weight, self.out_bias

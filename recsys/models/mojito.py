@@ -51,6 +51,7 @@ from torch import nn
 
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import attention_mask
+from recsys.models.losses import linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 from recsys.models.time_features import N_TIME_FEATURES, time_features
 
@@ -372,9 +373,14 @@ class Mojito(SequentialModel):
             # The target-time context term h_ctx·c(t) is the same for every candidate, and softmax is
             # shift-invariant: it has no gradient under CE, so it is left out here.
             # Padding (column 0) is left out of the softmax by slicing, not by writing -inf into (N, I+1).
-            qk = q[keep] if table is None else q[keep] + lam * history[keep]  # (N, d)
-            rows = None if table is None else table[:, :, 1:][rows_b, prefix[keep]]  # (N, I)
-            return F.cross_entropy(self.all_item_logits(qk, rows, first=1).float(), y - 1)
+            emb = self.item_emb.weight[1:]  # (I, d)
+            if table is None:
+                return linear_cross_entropy(q[keep], emb, y - 1)
+            qk = q[keep] + lam * history[keep]  # (N, d)
+            bias = (lam * (1 - self.config.fism_attention)) * emb.pow(2).sum(-1)  # (I,)
+            groups = table.shape[1]
+            flat = table[:, :, 1:].reshape(-1, self.n_items)  # (B·(1+F), I): one row per (row, prefix)
+            return linear_cross_entropy(qk, emb, y - 1, bias=bias, table=flat, index=rows_b * groups + prefix[keep])
         # Reference objective: BCE with one uniform negative, on the short- and long-term logits apart.
         ctx_term = self.target_context(h_ctx[keep], batch.target_times[:, -L:][keep])  # (N,)
         emb = self.item_emb.weight

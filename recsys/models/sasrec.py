@@ -25,6 +25,7 @@ from torch import nn
 
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.losses import linear_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,8 @@ class SASRec(SequentialModel):
         h, y = hidden[keep], targets[keep]  # (N, D), (N,)
         emb = self.item_emb.weight  # (I + 1, D)
         cfg = self.config
-        if cfg.loss == "ce":
-            logits = h @ emb.T  # (N, I + 1)
-            logits[:, 0] = float("-inf")
-            return F.cross_entropy(logits.float(), y)
+        if cfg.loss == "ce":  # full softmax over the real items (padding column left out)
+            return linear_cross_entropy(h, emb[1:], y - 1)
         if cfg.loss == "bce":
             neg = sample_negatives(self.n_items, (y.shape[0], 1), h.device)
             logits = sampled_logits(h, emb, y, neg)  # (N, 2)
@@ -130,6 +129,12 @@ class SASRec(SequentialModel):
             return F.cross_entropy(logits.float(), torch.zeros_like(y))
         neg = sample_negatives(self.n_items, (y.shape[0], cfg.n_negatives), h.device)
         return gbce_loss(sampled_logits(h, emb, y, neg), self.n_items, cfg.gbce_t)
+
+    def sequence_scores(self, batch: Batch) -> torch.Tensor:
+        """(B, L, I + 1) scores of every item after every position (tests, analysis); column 0 = -inf."""
+        scores = self(batch) @ self.item_emb.weight.T
+        scores[..., 0] = float("-inf")
+        return scores
 
     def score(self, batch: Batch) -> torch.Tensor:
         last = self(batch)[:, -1]  # (B, D)

@@ -1,0 +1,96 @@
+"""Full-softmax cross-entropy over the catalogue without materialising the (N, I) logits.
+
+`linear_cross_entropy(h, weight, y)` equals `F.cross_entropy(h @ weight.T + bias + extra, y)` but works
+through the rows in chunks: each chunk's logits are turned into softmax probabilities in place, the
+gradients for `h`, `weight`, `bias` and `extra` are accumulated right there, and the chunk is dropped. The
+backward pass only scales those stored gradients. Same three matrix products as autograd would run, but the
+(N, I) matrix is never written out whole, never log-softmaxed into a second copy, never read back for
+backward, and no zero-filled gradient of it is allocated — on a CPU, where this loss is memory-bound, that
+is most of the cost (see benchmarks/RESULTS.md).
+
+`extra` is an optional per-row additive table (MOJITO's long-term self-term): row n adds `table[index[n]]`.
+
+Under CUDA autocast the products run in the autocast dtype and the softmax in float32, as autograd would.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows per chunk: about 4M logits (16 MB in float32) per chunk.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return t.dtype
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, table, index, y):
+        n, classes = h.shape[0], weight.shape[0]
+        if n == 0:
+            raise ValueError("linear_cross_entropy needs at least one row")
+        work = _compute_dtype(h)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            hw, ww = h.to(work), weight.to(work)
+            grad_h = torch.empty(h.shape, dtype=torch.float32, device=h.device)
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+            grad_b = None if bias is None else torch.zeros(classes, dtype=torch.float32, device=h.device)
+            grad_t = None if table is None else torch.zeros(table.shape, dtype=torch.float32, device=h.device)
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            bias_f = None if bias is None else bias.float()
+            table_f = None if table is None else table.float()
+            step = max(1, _CHUNK_ELEMENTS // max(classes, 1))
+            for s in range(0, n, step):
+                hc, yc = hw[s : s + step], y[s : s + step]
+                p = (hc @ ww.T).float()  # (c, I) logits
+                if bias is not None:
+                    p += bias_f
+                if table is not None:
+                    p += table_f.index_select(0, index[s : s + step])
+                rows = torch.arange(p.shape[0], device=p.device)
+                lse = torch.logsumexp(p, dim=1)
+                total += (lse - p[rows, yc]).sum()
+                p.sub_(lse[:, None]).exp_()  # softmax, in place
+                p[rows, yc] -= 1.0  # d(loss)/d(logits), before the 1/n
+                grad_h[s : s + step] = (p.to(work) @ ww).float()
+                grad_w += (p.to(work).T @ hc).float()
+                if grad_b is not None:
+                    grad_b += p.sum(0)
+                if grad_t is not None:
+                    grad_t.index_add_(0, index[s : s + step], p)
+        ctx.save_for_backward(grad_h, grad_w, grad_b, grad_t)
+        ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype,
+                      None if table is None else table.dtype)
+        ctx.n = n
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        scale = grad_out / ctx.n
+        grads = []
+        for g, dtype in zip(ctx.saved_tensors, ctx.dtypes):
+            grads.append(None if g is None else (g * scale).to(dtype))
+        return (*grads, None, None)
+
+
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    y: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mean cross-entropy of logits `h @ weight.T (+ bias) (+ table[index])` against class ids `y`.
+
+    h (N, D), weight (C, D), y (N,) long in [0, C), bias (C,), table (G, C) with index (N,) long in [0, G).
+    """
+    if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1]:
+        raise ValueError(f"shapes do not match: h {tuple(h.shape)}, weight {tuple(weight.shape)}")
+    if (table is None) != (index is None):
+        raise ValueError("table and index go together")
+    return _LinearCrossEntropy.apply(h, weight, bias, table, index, y)
