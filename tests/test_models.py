@@ -188,6 +188,17 @@ def test_full_softmax_loss_is_cross_entropy_of_the_ranked_scores(name):
     assert model.item_emb.weight.grad[1:].abs().sum() > 0
 
 
+@pytest.mark.parametrize("residual", ["pre_ln", "reference"])
+def test_mojito_scoring_shortcut_equals_the_full_encoder(residual):
+    """Scoring runs the final block for the newest position only; that must change nothing."""
+    model = make_model("mojito", residual=residual).eval()
+    batch = eval_batch(*sequences(B=4, seed=9))
+    with torch.no_grad():
+        full, last = model(batch), model(batch, last_only=True)
+    assert last.shape == (4, 1, full.shape[-1])
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+
+
 def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions():
     model = make_model("bert4rec").eval()
     batch = train_batch(*sequences(B=4, seed=8))

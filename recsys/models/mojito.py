@@ -100,11 +100,18 @@ class MercerTimeEncoding(nn.Module):
         self.register_buffer("harmonics", torch.arange(1, expand + 1, dtype=torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Calendar features take few distinct values (12 months, 24 hours, ...): encode each distinct value
+        # once and gather, instead of sin/cos over every (event, feature, unit, harmonic).
+        n_features = x.shape[-1]
+        flat = x.reshape(-1, n_features)
         freq = 10.0 ** (-self.log_period)  # (F, T)
-        angle = x[..., None, None] * freq[..., None] * self.harmonics  # (..., F, T, K)
-        enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (..., F, T, 2K)
-        out = (enc * self.basis).sum(-1) + self.bias  # (..., F, T)
-        return out.flatten(-2)
+        columns = []
+        for f in range(n_features):
+            values, inverse = torch.unique(flat[:, f], return_inverse=True)  # (U,), (N,)
+            angle = values[:, None, None] * freq[f, :, None] * self.harmonics  # (U, T, K)
+            enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (U, T, 2K)
+            columns.append(((enc * self.basis[f]).sum(-1) + self.bias[f])[inverse])  # (N, T)
+        return torch.cat(columns, dim=-1).view(*x.shape[:-1], -1)  # (..., F * T)
 
 
 class MixtureAttention(nn.Module):
@@ -134,29 +141,40 @@ class MixtureAttention(nn.Module):
         mask: torch.Tensor,
         sigma: torch.Tensor,
     ) -> torch.Tensor:
-        B, L, D2 = kv_seq.shape
-        H = self.n_heads
-        # Both global maps in one batched matmul: contiguous (B, 2, L, L) scores and gradients.
-        q = torch.stack([self.q_item(q_seq), self.q_ctx(q_ctx)], dim=1)  # (B, 2, L, d)
-        k = torch.stack([self.k_item(kv_seq), self.k_ctx(k_ctx)], dim=1)  # (B, 2, L, d)
-        s = q @ k.transpose(-1, -2)  # (B, 2, L, L): items map, context map
+        """Queries (B, Lq, ·) over keys (B, Lk, ·) → (B, Lq, 2d); Lq < Lk when only the newest outputs
+        are needed (evaluation). `mask` (B, 1, Lq, Lk) is True where a query may attend."""
+        B, Lk, D2 = kv_seq.shape
+        Lq, H = q_seq.shape[1], self.n_heads
+        qi, qc = self.q_item(q_seq), self.q_ctx(q_ctx)  # (B, Lq, d)
+        ki, kc = self.k_item(kv_seq), self.k_ctx(k_ctx)  # (B, Lk, d)
+        # The first mixing layer is linear in the two global maps, so it folds into one product per head:
+        # b_h + w_h0·(qi·ki) + w_h1·(qc·kc) = [w_h0·qi ; w_h1·qc ; b_h] · [ki ; kc ; 1]. Same function as
+        # computing the (B, 2, L, L) maps and mixing them, without four passes over them.
+        w1, b1 = self.mix1.weight, self.mix1.bias  # (H, 2), (H,)
+        q = torch.cat(
+            [
+                w1[None, :, None, 0:1] * qi[:, None],
+                w1[None, :, None, 1:2] * qc[:, None],
+                b1[None, :, None, None].expand(B, H, Lq, 1),
+            ],
+            dim=-1,
+        )  # (B, H, Lq, 2d + 1)
+        k = torch.cat([ki, kc, ki.new_ones(B, Lk, 1)], dim=-1)  # (B, Lk, 2d + 1)
+        s = q @ k[:, None].transpose(-1, -2)  # (B, H, Lq, Lk)
         if self.training:
-            s = s + sigma.pow(2)[:, None, None] * torch.randn_like(s)
-        s = _channel_mix(F.relu(_channel_mix(s, self.mix1)), self.mix2) / math.sqrt(self.dim)  # (B, H, L, L)
-        s = s.masked_fill(~mask, float("-inf"))
+            # Noise σ_g²·ε_g on each global map, mixed like the maps ((H, 2) × (B, 2, Lq·Lk);
+            # einsum is the fastest of matmul / conv1d / scaled adds for these few channels on CPU).
+            eps = torch.randn(B, self.N_GLOBAL, Lq * Lk, dtype=s.dtype, device=s.device)
+            mixed = torch.einsum("hg,bgn->bhn", (w1 * sigma.pow(2)[None, :]).to(s.dtype), eps)
+            s = s + mixed.view(B, H, Lq, Lk)
+        # Second mixing layer (H → H) as one small product, the 1/√d scale folded into it.
+        scale = 1.0 / math.sqrt(self.dim)
+        w2, b2 = self.mix2.weight * scale, self.mix2.bias * scale
+        s = torch.einsum("hg,bgn->bhn", w2.to(s.dtype), F.relu(s).view(B, H, Lq * Lk)) + b2.to(s.dtype)[:, None]
+        s = s.view(B, H, Lq, Lk).masked_fill(~mask, float("-inf"))
         p = self.attn_dropout(torch.softmax(s, dim=-1))
-        v = self.value(kv_seq).view(B, L, H, D2 // H).transpose(1, 2)  # (B, H, L, 2d/H)
-        return (p @ v).transpose(1, 2).reshape(B, L, D2)
-
-
-def _channel_mix(s: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """Apply `linear` over dim 1 of (B, C, L, L) as C scaled adds: C and the output width are a few heads,
-    and this avoids permuting the (B, L, L) maps to channels-last and back."""
-    w, b = linear.weight, linear.bias  # (C_out, C_in), (C_out,)
-    out = b[None, :, None, None] + w[None, :, 0, None, None] * s[:, 0:1]
-    for c in range(1, s.shape[1]):
-        out = out + w[None, :, c, None, None] * s[:, c : c + 1]
-    return out  # (B, C_out, L, L)
+        v = self.value(kv_seq).view(B, Lk, H, D2 // H).transpose(1, 2)  # (B, H, Lk, 2d/H)
+        return (p @ v).transpose(1, 2).reshape(B, Lq, D2)
 
 
 class MojitoBlock(nn.Module):
@@ -175,15 +193,22 @@ class MojitoBlock(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x, ctx, mask, valid, sigma):
+    def forward(self, x, ctx, mask, valid, sigma, last_only: bool = False):
+        """`last_only`: compute the newest position's output only (B, 1, ·) — all a score needs from the
+        final block, since keys and values still come from every position."""
         q = self.ln_seq(x)  # (B, L, 2d)
+        if last_only:
+            mask, valid = mask[:, :, -1:], valid[:, -1:]
         if self.residual == "reference":  # residuals add the *normalised* inputs; keys are not normalised
-            x = q + self.attn(q, x, self.ln_ctx(ctx), ctx, mask, sigma)
+            c = self.ln_ctx(ctx)
+            q_out, c_out = (q[:, -1:], c[:, -1:]) if last_only else (q, c)
+            x = q_out + self.attn(q_out, x, c_out, ctx, mask, sigma)
             y = self.ln_ffn(x)
             x = (y + self.ffn(y)) * valid
         else:  # standard pre-LN, as the project's SASRec blocks
             c = self.ln_ctx(ctx)
-            x = x + self.attn(q, q, c, c, mask, sigma)
+            q_out, c_out, x = (q[:, -1:], c[:, -1:], x[:, -1:]) if last_only else (q, c, x)
+            x = x + self.attn(q_out, q, c_out, c, mask, sigma)
             x = (x + self.ffn(self.ln_ffn(x))) * valid  # (B, L, 2d)
         return x, x[..., self.dim :]
 
@@ -218,8 +243,9 @@ class Mojito(SequentialModel):
         feats = time_features(times, self.config.base_year) * valid.unsqueeze(-1)  # (B, L, 7)
         return self.dropout(self.ctx_proj(self.time_enc(feats.float())))
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """(B, L, 2d) causal outputs; [..., :d] pairs with item embeddings, [..., d:] with contexts."""
+    def forward(self, batch: Batch, last_only: bool = False) -> torch.Tensor:
+        """(B, L, 2d) causal outputs — (B, 1, 2d) for the newest position only with `last_only`;
+        [..., :d] pairs with item embeddings, [..., d:] with contexts."""
         L = self.config.max_len
         items, times = batch.items[:, -L:], batch.times[:, -L:]
         valid = (items > 0).unsqueeze(-1)  # (B, L, 1)
@@ -229,8 +255,8 @@ class Mojito(SequentialModel):
         x = torch.cat([self.item_emb(items) * scale + pos, ctx * scale + pos], dim=-1)  # (B, L, 2d)
         x = self.dropout(x) * valid
         mask = attention_mask(items, causal=True)  # (B, 1, L, L)
-        for block in self.blocks:
-            x, ctx = block(x, ctx, mask, valid, self.sigma_noise)
+        for i, block in enumerate(self.blocks):
+            x, ctx = block(x, ctx, mask, valid, self.sigma_noise, last_only and i == len(self.blocks) - 1)
         return self.final_norm(x)
 
     # ----- long-term attentive FISM -------------------------------------------------------------------------
@@ -268,18 +294,21 @@ class Mojito(SequentialModel):
         pool_ok = torch.cat([torch.ones_like(fok[:, :1]), fok], dim=1)  # (B, 1+F)
         return pool, pool_ok, fpos
 
-    def self_term_table(self, pool: torch.Tensor, pool_ok: torch.Tensor) -> torch.Tensor:
+    def self_term_table(self, pool: torch.Tensor, pool_ok: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """(B, 1+F, I+1): for every item j and prefix size k (user + first k FISM items),
-        Σ_f softmax_f(e_j·P_f) · (e_j ⊙ e_j)·P_f — the attentive part of e_j·(e_j ⊙ w_j)."""
+        Σ_f softmax_f(e_j·P_f) · (e_j ⊙ e_j)·P_f — the attentive part of e_j·(e_j ⊙ w_j).
+        `last_only`: the whole pool only, (B, 1, I+1) — what scoring the newest position needs."""
+        B, P, d = pool.shape
         emb = self.item_emb.weight  # (I+1, d)
-        # float32 even under autocast: the prefix sums below would lose too much in bfloat16.
-        logits = (
-            torch.einsum("jd,bfd->bjf", emb, pool).float().masked_fill(~pool_ok[:, None, :], float("-inf"))
-        )
-        g = torch.einsum("jd,bfd->bjf", emb * emb, pool).float()  # (B, I+1, 1+F)
-        w = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)  # stable; column 0 (user) is finite
-        table = (w * g).cumsum(-1) / w.cumsum(-1)  # (B, I+1, 1+F)
-        return table.transpose(1, 2)
+        flat = pool.reshape(B * P, d)
+        # (B, 1+F, I+1) straight from one product each (no permute); float32 even under autocast: the
+        # prefix sums below would lose too much in bfloat16.
+        logits = (flat @ emb.T).view(B, P, -1).float().masked_fill(~pool_ok[:, :, None], float("-inf"))
+        g = (flat @ (emb * emb).T).view(B, P, -1).float()
+        w = torch.exp(logits - logits.max(dim=1, keepdim=True).values)  # stable; row 0 (user) is finite
+        if last_only:
+            return ((w * g).sum(1) / w.sum(1))[:, None]
+        return (w * g).cumsum(1) / w.cumsum(1)
 
     def history_term(
         self, items: torch.Tensor, pool: torch.Tensor, pool_ok: torch.Tensor, fpos: torch.Tensor
@@ -324,12 +353,12 @@ class Mojito(SequentialModel):
 
     # ----- objective and scores ----------------------------------------------------------------------------
 
-    def _parts(self, batch: Batch):
+    def _parts(self, batch: Batch, last_only: bool = False):
         """Encoder outputs and long-term pieces for every position: h_item (B, L, d), h_ctx (B, L, d), the
         history term (B, L, d), the self-term table (B, 1+F, I+1) and FISM prefix sizes (B, L); the last
-        three are None when `long_weight` is 0."""
+        three are None when `long_weight` is 0. `last_only`: encoder outputs for the newest position only."""
         items = batch.items[:, -self.config.max_len :]
-        hidden = self(batch)  # (B, L, 2d)
+        hidden = self(batch, last_only)  # (B, L or 1, 2d)
         d = self.config.dim
         h_item, h_ctx = hidden[..., :d], hidden[..., d:]
         if self.config.long_weight == 0:
@@ -337,7 +366,11 @@ class Mojito(SequentialModel):
         pool, pool_ok, fpos = self.fism_context(batch, items)
         history = self.history_term(items, pool, pool_ok, fpos)  # (B, L, d)
         # Scaled here, on the small (B, 1+F, I+1) table, rather than on (N, I+1) gathered rows.
-        table = (self.config.long_weight * self.config.fism_attention) * self.self_term_table(pool, pool_ok)
+        table = (self.config.long_weight * self.config.fism_attention) * self.self_term_table(
+            pool, pool_ok, last_only
+        )
+        if last_only:  # the newest position sees every FISM item: row 0 of the one-row table
+            return h_item, h_ctx, history, table, torch.zeros_like(items[:, -1:])
         prefix = self.visible_prefix(fpos, items.shape[1])  # (B, L)
         return h_item, h_ctx, history, table, prefix
 
@@ -401,7 +434,7 @@ class Mojito(SequentialModel):
         items = batch.items[:, -self.config.max_len :]
         # The target time shifts every candidate equally; without it (serving), use the last event's time.
         next_time = batch.next_time if batch.next_time is not None else batch.times[:, -1]
-        q, h_ctx, history, table, prefix = self._parts(batch)
+        q, h_ctx, history, table, prefix = self._parts(batch, last_only=True)
         qk, rows = q[:, -1], None  # (B, d)
         if table is not None:
             qk = qk + self.config.long_weight * history[:, -1]
