@@ -188,13 +188,15 @@ def test_full_softmax_loss_is_cross_entropy_of_the_ranked_scores(name):
     assert model.item_emb.weight.grad[1:].abs().sum() > 0
 
 
-@pytest.mark.parametrize("residual", ["pre_ln", "reference"])
-def test_mojito_scoring_shortcut_equals_the_full_encoder(residual):
+@pytest.mark.parametrize("name,residual", [("sasrec", None), ("bert4rec", None), ("mojito", "pre_ln"),
+                                           ("mojito", "reference")])
+def test_scoring_shortcut_equals_the_full_encoder(name, residual):
     """Scoring runs the final block for the newest position only; that must change nothing."""
-    model = make_model("mojito", residual=residual).eval()
+    model = make_model(name, **({"residual": residual} if residual else {})).eval()
     batch = eval_batch(*sequences(B=4, seed=9))
+    inputs = model.append_mask(batch.items) if name == "bert4rec" else batch
     with torch.no_grad():
-        full, last = model(batch), model(batch, last_only=True)
+        full, last = model(inputs), model(inputs, last_only=True)
     assert last.shape == (4, 1, full.shape[-1])
     torch.testing.assert_close(last[:, 0], full[:, -1])
 

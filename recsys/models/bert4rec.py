@@ -87,15 +87,15 @@ class BERT4Rec(SequentialModel):
         self.out_bias = nn.Parameter(torch.zeros(n_items + 1))  # b_o; [mask] is never a candidate
         self.apply(_init_weights)
 
-    def forward(self, items: torch.Tensor) -> torch.Tensor:
+    def forward(self, items: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """(B, L) item ids, possibly holding [mask] → (B, L, D) bidirectional hidden states."""
         items = items[:, -self.config.max_len :]
         x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
         x = x + self.pos_emb(positions_from_end(items))
         x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
         mask = attention_mask(items, causal=False)  # (B, 1, L, L)
-        for block in self.blocks:
-            x = block(x, mask)
+        for i, block in enumerate(self.blocks):  # `last_only`: the final block outputs position -1 only
+            x = block(x, mask, last_only and i == len(self.blocks) - 1)
         return self.final_norm(x)
 
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -142,5 +142,5 @@ class BERT4Rec(SequentialModel):
         return torch.cat([items, mask_col], dim=1)[:, -self.config.max_len :]
 
     def score(self, batch: Batch) -> torch.Tensor:
-        hidden = self(self.append_mask(batch.items))[:, -1]  # (B, D)
+        hidden = self(self.append_mask(batch.items), last_only=True)[:, -1]  # (B, D)
         return self.output_logits(hidden)  # (B, I + 1)

@@ -22,15 +22,19 @@ class MultiHeadSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """(B, L, D) → (B, L, D), or (B, 1, D) for the newest query only with `last_only`."""
         B, L, D = x.shape
         q, k, v = self.qkv(x).split(D, dim=-1)
-        # (B, H, L, D/H)
-        q, k, v = (t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        if last_only:
+            q, attn_mask = q[:, -1:], attn_mask[:, :, -1:]
+        Lq = q.shape[1]
+        q = q.reshape(B, Lq, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, Lq, D/H)
+        k, v = (t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (k, v))
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, L, D/H)
-        y = y.transpose(1, 2).reshape(B, L, D)
+        )  # (B, H, Lq, D/H)
+        y = y.transpose(1, 2).reshape(B, Lq, D)
         return self.resid_dropout(self.proj(y))
 
 
@@ -54,8 +58,11 @@ class TransformerBlock(nn.Module):
         self.ln2 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn_dim, dropout, activation)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), attn_mask)
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """`last_only`: output the newest position only (B, 1, D) — all scoring needs from the final block;
+        keys and values still come from every position."""
+        y = self.attn(self.ln1(x), attn_mask, last_only)
+        x = (x[:, -1:] if last_only else x) + y
         return x + self.ffn(self.ln2(x))
 
 

@@ -98,14 +98,14 @@ class SASRec(SequentialModel):
         self.final_norm = nn.LayerNorm(d)
         self.apply(_init_weights)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: Batch, last_only: bool = False) -> torch.Tensor:
         items = batch.items[:, -self.config.max_len :]  # (B, L)
         x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
         x = x + self.pos_emb(positions_from_end(items))
         x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
         mask = attention_mask(items, causal=True)  # (B, 1, L, L)
-        for block in self.blocks:
-            x = block(x, mask)
+        for i, block in enumerate(self.blocks):  # `last_only`: the final block outputs position -1 only
+            x = block(x, mask, last_only and i == len(self.blocks) - 1)
         return self.final_norm(x)  # (B, L, D)
 
     def loss(self, batch: Batch) -> torch.Tensor:
@@ -137,7 +137,7 @@ class SASRec(SequentialModel):
         return scores
 
     def score(self, batch: Batch) -> torch.Tensor:
-        last = self(batch)[:, -1]  # (B, D)
+        last = self(batch, last_only=True)[:, -1]  # (B, D)
         scores = last @ self.item_emb.weight.T  # (B, I + 1)
         scores[:, 0] = float("-inf")
         return scores
