@@ -6,24 +6,23 @@ import dataclasses
 from typing import Any
 
 from recsys.models.base import Batch, SequentialModel
+from recsys.models.bert4rec import BERT4Rec, BERT4RecConfig
+from recsys.models.mojito import Mojito, MojitoConfig
 from recsys.models.mostpop import MostPop, MostPopConfig
 from recsys.models.sasrec import SASRec, SASRecConfig
 
-MODELS: dict[str, type[SequentialModel]] = {"mostpop": MostPop, "sasrec": SASRec}
-MODEL_CONFIGS: dict[str, type] = {"mostpop": MostPopConfig, "sasrec": SASRecConfig}
-
-try:  # Models added as their files land; a missing file must not break the others.
-    from recsys.models.bert4rec import BERT4Rec, BERT4RecConfig
-
-    MODELS["bert4rec"], MODEL_CONFIGS["bert4rec"] = BERT4Rec, BERT4RecConfig
-except ImportError:  # pragma: no cover
-    pass
-try:
-    from recsys.models.mojito import Mojito, MojitoConfig
-
-    MODELS["mojito"], MODEL_CONFIGS["mojito"] = Mojito, MojitoConfig
-except ImportError:  # pragma: no cover
-    pass
+MODELS: dict[str, type[SequentialModel]] = {
+    "mostpop": MostPop,
+    "sasrec": SASRec,
+    "bert4rec": BERT4Rec,
+    "mojito": Mojito,
+}
+MODEL_CONFIGS: dict[str, type] = {
+    "mostpop": MostPopConfig,
+    "sasrec": SASRecConfig,
+    "bert4rec": BERT4RecConfig,
+    "mojito": MojitoConfig,
+}
 
 
 def build_model(name: str, config: Any, n_items: int, n_users: int) -> SequentialModel:
