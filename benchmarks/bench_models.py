@@ -6,7 +6,8 @@ epoch and early-stops (patience from params.yaml), the test split is scored once
     python benchmarks/bench_models.py --dataset ml-100k --runs mostpop sasrec:ce sasrec:bce
     python benchmarks/bench_models.py --dataset ml-1m-half --runs sasrec:ce --max-minutes 20
 
-A run is `model` or `model:loss`. `--max-minutes` bounds one run's training (the best checkpoint so far is
+A run is `model`, `model:loss`, and either may end in `@key=value,...` to override a model or train setting
+for that run only (ablations: `bert4rec@mask_prob=0.2,lr=0.001`). `--max-minutes` bounds one run's training (the best checkpoint so far is
 kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the table, never hidden).
 Results are merged into benchmarks/results/models.json and the table in benchmarks/RESULTS.md is rebuilt.
 """
@@ -21,11 +22,13 @@ import os
 import platform
 import subprocess
 import sys
+import re
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,14 +62,35 @@ def git_commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str) -> dict:
-    name, _, loss = run.partition(":")
+def configs_for(run: str, params):
+    """`model[:loss][@key=value,...]` → (model name, model config, train config). Keys of the model's config
+    or of the train section override params.yaml for this run only (ablations: `bert4rec@mask_prob=0.2`)."""
+    spec, _, overrides = run.partition("@")
+    name, _, loss = spec.partition(":")
     model_config = params.model_config(name)
+    train_config = params.train_config(name)
     if loss:
         model_config = dataclasses.replace(model_config, loss=loss)
-    train_config = dataclasses.replace(params.train_config(name), max_minutes=max_minutes, device=device,
-                                       progress="off")
-    out = work / run.replace(":", "-")
+    model_keys = {f.name for f in dataclasses.fields(model_config)}
+    train_keys = {f.name for f in dataclasses.fields(train_config)}
+    for item in filter(None, overrides.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"run {run!r}: override {item!r} is not key=value")
+        value = yaml.safe_load(raw)
+        if key in model_keys:
+            model_config = dataclasses.replace(model_config, **{key: value})
+        elif key in train_keys:
+            train_config = dataclasses.replace(train_config, **{key: value})
+        else:
+            raise SystemExit(f"run {run!r}: {key!r} is neither a {name} nor a train setting")
+    return name, model_config, train_config
+
+
+def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str) -> dict:
+    name, model_config, train_config = configs_for(run, params)
+    train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off")
+    out = work / re.sub(r"[^A-Za-z0-9_.-]", "-", run)
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
                          resume_root=work / "resume")
