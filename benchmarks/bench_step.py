@@ -1,0 +1,104 @@
+"""Training and validation throughput per model, without training to convergence.
+
+    python benchmarks/bench_step.py --dataset ml-1m-half --models sasrec bert4rec mojito --batches 12
+
+Times `--batches` training steps (forward, backward, Adam) on the epoch's batches in their shuffled order, then
+one full-ranking validation pass over every user, and merges the result into benchmarks/results/step.json
+keyed by (dataset, model, commit), so the same command run at two commits compares implementations.
+The model is freshly initialised: throughput does not depend on what it has learned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_models import READERS, git_commit, machine  # noqa: E402
+from recsys.config import load_params  # noqa: E402
+from recsys.data import read_movielens_titles  # noqa: E402
+from recsys.models import build_model  # noqa: E402
+from recsys.prepare import prepare  # noqa: E402
+from recsys.sequences import SequenceData, bucketed_batches, train_batch  # noqa: E402
+from recsys.train import resolve_device, validate  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "step.json"
+
+
+def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device) -> dict:
+    model_config, train_config = params.model_config(name), params.train_config(name)
+    torch.manual_seed(0)
+    model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
+    spans = data.train_spans(int(model_config.max_len))
+    batches = bucketed_batches(spans, train_config.batch_size, torch.Generator().manual_seed(0))[:n_batches]
+    model.train()
+    started, sequences = time.perf_counter(), 0
+    for rows in batches:
+        batch = train_batch(data, rows).to(device)
+        loss = model.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        sequences += len(rows)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    validate(model, data, train_config, device)
+    valid_seconds = time.perf_counter() - started
+    per_second = sequences / train_seconds
+    return {
+        "model": name,
+        "train_sequences_per_second": round(per_second, 1),
+        "epoch_seconds_estimate": round(len(spans) / per_second, 1),
+        "validation_seconds": round(valid_seconds, 2),
+        "batches": len(batches),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(READERS), required=True)
+    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"])
+    parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    params = load_params(ROOT / "params.yaml")
+    folder = Path(args.data_root) / args.dataset
+    prepared = prepare(READERS[args.dataset](folder), params.prepare, read_movielens_titles(folder))
+    data = SequenceData.from_prepared(prepared)
+    device = resolve_device(args.device)
+    commit = git_commit()
+    rows = []
+    for name in args.models:
+        load_before = os.getloadavg()[0]
+        row = measure(name, data, params, args.batches, device)
+        row.update(dataset=args.dataset, commit=commit, machine=machine(),
+                   load_average_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+                   command=" ".join([Path(sys.executable).name, *sys.argv]))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    keep = {(r["dataset"], r["model"], r["commit"]): r for r in existing}
+    keep.update({(r["dataset"], r["model"], r["commit"]): r for r in rows})
+    with tempfile.NamedTemporaryFile("w", dir=RESULTS.parent, delete=False, suffix=".tmp") as tmp:
+        json.dump(sorted(keep.values(), key=lambda r: (r["dataset"], r["model"], r["commit"])), tmp, indent=1)
+    Path(tmp.name).replace(RESULTS)
+
+
+if __name__ == "__main__":
+    main()
