@@ -103,6 +103,8 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         "test_ndcg@10": ev.metrics["ndcg@10"],
         "test_hr@10": ev.metrics["hr@10"],
         "test": {k: v for k, v in ev.metrics.items()},
+        # Per-user test NDCG@10 in user order: paired comparisons between runs (benchmarks/curves.py).
+        "test_per_user_ndcg@10": [round(float(v), 5) for v in ev.per_user.sort_values("user")["ndcg@10"]],
         "valid_ndcg@10": result.best_valid.get("ndcg@10"),
         "best_epoch": result.best_epoch,
         "epochs_run": result.epochs_run,

@@ -7,7 +7,8 @@ rebuilds the table between `<!-- aims:begin -->` and `<!-- aims:end -->` in benc
 BERT4Rec ≥ 0.95 × SASRec's test NDCG@10 in ≤ 3 × SASRec's wall time to best; MOJITO ≥ SASRec. Each model is
 compared with SASRec trained with full-softmax CE (our default, the stronger baseline) and with SASRec's own
 paper loss (BCE, one negative) when that run exists. A comparison involving a run that did not stop by
-early stopping is marked "not converged": it is a lower bound, not a verdict.
+early stopping is marked "not converged": it is a lower bound, not a verdict. The ratio's interval is a
+paired bootstrap over test users (same users, same targets), for runs that stored per-user values.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -48,6 +50,19 @@ def plot(dataset: str, rows: dict[str, dict], out: Path) -> None:
     plt.close(fig)
 
 
+def ratio_interval(m: dict, b: dict, samples: int = 2000) -> str:
+    """95 % paired-bootstrap interval of mean(model) / mean(SASRec) over the same test users; '' when a run
+    predates per-user results."""
+    a, c = m.get("test_per_user_ndcg@10"), b.get("test_per_user_ndcg@10")
+    if not a or not c or len(a) != len(c):
+        return ""
+    x, y = np.asarray(a), np.asarray(c)
+    idx = np.random.default_rng(0).integers(0, len(x), size=(samples, len(x)))
+    ratios = x[idx].mean(1) / np.maximum(y[idx].mean(1), 1e-12)
+    lo, hi = np.quantile(ratios, [0.025, 0.975])
+    return f"[{lo:.2f}, {hi:.2f}]"
+
+
 def converged(r: dict) -> bool:
     return r["stopped_by"] == "early_stopping"
 
@@ -57,6 +72,7 @@ def compare(dataset: str, model: str, base: str, rows: dict[str, dict]) -> str |
     if not m or not b:
         return None
     ratio = m["test_ndcg@10"] / b["test_ndcg@10"]
+    ci = ratio_interval(m, b)
     time_ratio = m["seconds_to_best"] / max(b["seconds_to_best"], 1e-9)
     if model == "bert4rec":
         aim = "≥ 0.95 × NDCG, ≤ 3 × time"
@@ -69,7 +85,7 @@ def compare(dataset: str, model: str, base: str, rows: dict[str, dict]) -> str |
         unconverged = [r["run"] for r in (m, b) if not converged(r)]
         note += f" (not converged: {', '.join(unconverged)})"
     return (
-        f"| {dataset} | {model} vs {base} | {m['test_ndcg@10']:.4f} / {b['test_ndcg@10']:.4f} | {ratio:.2f} × "
+        f"| {dataset} | {model} vs {base} | {m['test_ndcg@10']:.4f} / {b['test_ndcg@10']:.4f} | {ratio:.2f} × {ci} "
         f"| {m['seconds_to_best']:.0f} / {b['seconds_to_best']:.0f} s | {time_ratio:.1f} × | {aim} | {note} |"
     )
 
@@ -81,7 +97,7 @@ def main() -> int:
     all_rows = json.loads(RESULTS.read_text())
     datasets = sorted({r["dataset"] for r in all_rows})
     lines = [
-        "| dataset | comparison | test NDCG@10 (model / SASRec) | ratio | time to best (model / SASRec) "
+        "| dataset | comparison | test NDCG@10 (model / SASRec) | ratio [95 % paired bootstrap] | time to best (model / SASRec) "
         "| time ratio | aim | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
