@@ -63,6 +63,16 @@ class TrainConfig:
     grad_clip: float = 5.0
     eval_batch_size: int = 512
     progress: Literal["auto", "on", "off"] = "auto"
+    # Learning rate × lr_decay after lr_decay_patience epochs without a new best validation NDCG@10
+    # (1.0 = constant learning rate). Early stopping still counts from the last improvement.
+    lr_decay: float = 1.0
+    lr_decay_patience: int = 5
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.lr_decay <= 1.0:
+            raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
+        if self.lr_decay_patience < 1:
+            raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
 
 
 @dataclass(frozen=True)

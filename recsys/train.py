@@ -179,7 +179,7 @@ def train_model(
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = _Resume(Path(resume_root or Path(".resume")), run_key(model_name, model_config, cfg, fingerprint))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
-             "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0}
+             "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0}
     restored = resume.load(model, optimizer, generator, device)
     if restored:
         state.update(restored)
@@ -220,16 +220,24 @@ def train_model(
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
         row = {"epoch": epoch, "loss": total_loss / max(n_batches, 1), f"valid_{SELECTION_METRIC}": score,
-               "valid_hr@10": valid["hr@10"], "seconds": round(now, 3)}
+               "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": optimizer.param_groups[0]["lr"]}
         curve_rows.append(row)
         log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.1f "
                  "seq_per_s=%.0f", epoch, model_name, row["loss"], score, valid["hr@10"],
                  "yes" if improved else "no", train_seconds, len(spans) / max(train_seconds, 1e-9))
         if improved:
-            state.update(best=score, best_epoch=epoch, best_valid=valid, bad_epochs=0, seconds_to_best=now)
+            state.update(best=score, best_epoch=epoch, best_valid=valid, bad_epochs=0, seconds_to_best=now,
+                         since_decay=0)
             checkpoint(epoch, valid)
         else:
             state["bad_epochs"] += 1
+            state["since_decay"] = state.get("since_decay", 0) + 1
+            if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
+                # The new rate is in the optimizer's param_groups, which the resume state keeps.
+                for group in optimizer.param_groups:
+                    group["lr"] *= cfg.lr_decay
+                state["since_decay"] = 0
+                log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
         state.update(epoch=epoch, seconds=now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         resume.save(model, optimizer, generator, state)

@@ -47,7 +47,7 @@ def test_short_training_writes_checkpoint_and_curve(trained_sasrec, tiny_prepare
     assert {p.name for p in ckpt.iterdir()} == CHECKPOINT_FILES
     curve = read_curve(ckpt.parent / "curve.csv")
     assert [int(r["epoch"]) for r in curve] == [1, 2, 3]
-    assert set(curve[0]) == {"epoch", "loss", "valid_ndcg@10", "valid_hr@10", "seconds"}
+    assert set(curve[0]) == {"epoch", "loss", "valid_ndcg@10", "valid_hr@10", "seconds", "lr"}
     assert result.epochs_run == 3 and result.stopped_by == "max_epochs"
     scores = [float(r["valid_ndcg@10"]) for r in curve]
     assert result.best_epoch == 1 + scores.index(max(scores))  # the first epoch reaching the best score
@@ -202,6 +202,31 @@ def test_early_stopping_keeps_the_best_epoch(tiny_prepared, tiny_sasrec_config, 
     assert result.best_valid["ndcg@10"] == 0.3
     meta = json.loads((tmp_path / "model" / "model.json").read_text())
     assert meta["best_epoch"] == 2 and meta["valid_metrics"]["ndcg@10"] == 0.3
+
+
+def test_learning_rate_decays_after_flat_epochs_and_survives_resume(tiny_prepared, tiny_sasrec_config,
+                                                                     fast_train_config, tmp_path, monkeypatch):
+    import recsys.train as train_module
+
+    scripted = iter([0.1, 0.3, 0.2, 0.2, 0.4, 0.3, 0.3, 0.3])  # improvements at epochs 1, 2 and 5
+
+    def fake_validate(model, data, config, device):
+        value = next(scripted)
+        return {"ndcg@10": value, "hr@10": value, "mrr": value}
+
+    monkeypatch.setattr(train_module, "validate", fake_validate)
+    cfg = dataclasses.replace(fast_train_config, epochs=8, patience=10, lr=0.01, lr_decay=0.5,
+                              lr_decay_patience=2)
+    seen = Interrupt(at=6)  # the decayed rate and the flat-epoch count must survive the interruption
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    assert (result.best_epoch, result.epochs_run) == (5, 8)
+    with open(tmp_path / "curve.csv") as f:
+        lrs = [float(row["lr"]) for row in csv.DictReader(f)]
+    # The rate each epoch trained with: halved after the flat epochs 3–4, kept through the improvement at 5,
+    # halved again after the flat epochs 6–7 (epoch 7 ran after the resume).
+    assert lrs == [0.01, 0.01, 0.01, 0.01, 0.005, 0.005, 0.005, 0.0025]
 
 
 def test_time_limit_stops_after_one_epoch(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
