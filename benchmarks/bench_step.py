@@ -4,7 +4,8 @@
 
 Times `--batches` training steps (forward, backward, Adam) on the epoch's batches in their shuffled order, then
 one full-ranking validation pass over every user, and merges the result into benchmarks/results/step.json
-keyed by (dataset, model, commit), so the same command run at two commits compares implementations.
+keyed by (dataset, model, commit), so the same command run at two commits compares implementations (for an
+older commit: check it out in a worktree, copy this script there, and pass `--results` pointing here).
 The model is freshly initialised: throughput does not depend on what it has learned.
 """
 
@@ -74,7 +75,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=12)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--results", default=str(RESULTS), help="JSON file the rows are merged into")
     args = parser.parse_args()
+    results = Path(args.results)
     if args.threads:
         torch.set_num_threads(args.threads)
     params = load_params(ROOT / "params.yaml")
@@ -92,12 +95,12 @@ def main() -> None:
                    command=" ".join([Path(sys.executable).name, *sys.argv]))
         print(json.dumps(row), flush=True)
         rows.append(row)
-    existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    existing = json.loads(results.read_text()) if results.is_file() else []
     keep = {(r["dataset"], r["model"], r["commit"]): r for r in existing}
     keep.update({(r["dataset"], r["model"], r["commit"]): r for r in rows})
-    with tempfile.NamedTemporaryFile("w", dir=RESULTS.parent, delete=False, suffix=".tmp") as tmp:
+    with tempfile.NamedTemporaryFile("w", dir=results.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(sorted(keep.values(), key=lambda r: (r["dataset"], r["model"], r["commit"])), tmp, indent=1)
-    Path(tmp.name).replace(RESULTS)
+    Path(tmp.name).replace(results)
 
 
 if __name__ == "__main__":
