@@ -57,6 +57,12 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
 
 
+def prepare_dataset(dataset: str, data_root: str | Path, params):
+    """Read a MovieLens folder and apply the protocol's preparation (k-core, stable order, LOO split)."""
+    folder = Path(data_root) / dataset
+    return prepare(READERS[dataset](folder), params.prepare, read_movielens_titles(folder))
+
+
 def git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
@@ -186,10 +192,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(args.params)
-    folder = Path(args.data_root) / args.dataset
     commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends
     started = time.perf_counter()
-    prepared = prepare(READERS[args.dataset](folder), params.prepare, read_movielens_titles(folder))
+    prepared = prepare_dataset(args.dataset, args.data_root, params)
     logging.info("prepared %s in %.1fs: %s", args.dataset, time.perf_counter() - started,
                  {k: v for k, v in prepared.fingerprint.items() if k.startswith("n_")})
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:

@@ -24,11 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_models import READERS, git_commit, machine  # noqa: E402
+from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.data import read_movielens_titles  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.prepare import prepare  # noqa: E402
 from recsys.sequences import SequenceData, bucketed_batches, train_batch  # noqa: E402
 from recsys.train import resolve_device, validate  # noqa: E402
 
@@ -81,9 +79,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     params = load_params(ROOT / "params.yaml")
-    folder = Path(args.data_root) / args.dataset
-    prepared = prepare(READERS[args.dataset](folder), params.prepare, read_movielens_titles(folder))
-    data = SequenceData.from_prepared(prepared)
+    data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
     device = resolve_device(args.device)
     commit = git_commit()
     rows = []

@@ -231,7 +231,7 @@ def train_model(
             checkpoint(epoch, valid)
         else:
             state["bad_epochs"] += 1
-            state["since_decay"] = state.get("since_decay", 0) + 1
+            state["since_decay"] += 1
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
                 # The new rate is in the optimizer's param_groups, which the resume state keeps.
                 for group in optimizer.param_groups:

@@ -56,8 +56,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 total += (lse - p[rows, yc]).sum()
                 p.sub_(lse[:, None]).exp_()  # softmax, in place
                 p[rows, yc] -= 1.0  # d(loss)/d(logits), before the 1/n
-                grad_h[s : s + step] = (p.to(work) @ ww).float()
-                grad_w += (p.to(work).T @ hc).float()
+                pw = p.to(work)  # a no-op in float32; one cast per chunk under autocast
+                grad_h[s : s + step] = (pw @ ww).float()
+                grad_w += (pw.T @ hc).float()
                 if grad_b is not None:
                     grad_b += p.sum(0)
                 if grad_t is not None:

@@ -339,17 +339,18 @@ class Mojito(SequentialModel):
         t = torch.arange(L, device=fpos.device)
         return (fpos[:, None, :] <= t[None, :, None]).sum(-1)
 
-    def all_item_logits(
-        self, q: torch.Tensor, long_rows: torch.Tensor | None, first: int = 0
-    ) -> torch.Tensor:
-        """q (N, d) → (N, I+1-first) logits q·e_j + λ·e_j·(e_j ⊙ w_j) for items j ≥ `first`, where
-        e_j·(e_j ⊙ w_j) = (1 - β)|e_j|² + β·(self-term table row); `long_rows` (N, I+1-first) are the
+    def long_bias(self, emb: torch.Tensor) -> torch.Tensor:
+        """λ(1 - β)|e_j|² for the rows of `emb`: the non-attentive part of λ·e_j·(e_j ⊙ w_j)."""
+        return (self.config.long_weight * (1 - self.config.fism_attention)) * emb.pow(2).sum(-1)
+
+    def all_item_logits(self, q: torch.Tensor, long_rows: torch.Tensor | None) -> torch.Tensor:
+        """q (N, d) → (N, I+1) logits q·e_j + λ·e_j·(e_j ⊙ w_j), where
+        e_j·(e_j ⊙ w_j) = (1 - β)|e_j|² + β·(self-term table row); `long_rows` (N, I+1) are the
         gathered table rows, already scaled by λβ."""
-        emb = self.item_emb.weight[first:]  # (I+1-first, d)
+        emb = self.item_emb.weight  # (I+1, d)
         if long_rows is None:
             return q @ emb.T
-        bias = (self.config.long_weight * (1 - self.config.fism_attention)) * emb.pow(2).sum(-1)
-        return torch.addmm(bias, q, emb.T) + long_rows
+        return torch.addmm(self.long_bias(emb), q, emb.T) + long_rows
 
     # ----- objective and scores ----------------------------------------------------------------------------
 
@@ -410,10 +411,10 @@ class Mojito(SequentialModel):
             if table is None:
                 return linear_cross_entropy(q[keep], emb, y - 1)
             qk = q[keep] + lam * history[keep]  # (N, d)
-            bias = (lam * (1 - self.config.fism_attention)) * emb.pow(2).sum(-1)  # (I,)
             groups = table.shape[1]
             flat = table[:, :, 1:].reshape(-1, self.n_items)  # (B·(1+F), I): one row per (row, prefix)
-            return linear_cross_entropy(qk, emb, y - 1, bias=bias, table=flat, index=rows_b * groups + prefix[keep])
+            return linear_cross_entropy(qk, emb, y - 1, bias=self.long_bias(emb), table=flat,
+                                        index=rows_b * groups + prefix[keep])
         # Reference objective: BCE with one uniform negative, on the short- and long-term logits apart.
         ctx_term = self.target_context(h_ctx[keep], batch.target_times[:, -L:][keep])  # (N,)
         emb = self.item_emb.weight
