@@ -37,7 +37,8 @@ from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
-from recsys.train import resolve_device, train_model  # noqa: E402
+from recsys.device import resolve_device  # noqa: E402
+from recsys.train import train_model  # noqa: E402
 
 READERS = {"ml-1m-half": read_movielens_1m, "ml-100k": read_movielens_100k}
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"

@@ -28,7 +28,8 @@ from benchmarks.bench_models import READERS, git_commit, machine, prepare_datase
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model  # noqa: E402
 from recsys.sequences import SequenceData, bucketed_batches, train_batch  # noqa: E402
-from recsys.train import resolve_device, validate  # noqa: E402
+from recsys.device import resolve_device  # noqa: E402
+from recsys.train import validate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 

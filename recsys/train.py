@@ -29,11 +29,12 @@ from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import TrainConfig
+from recsys.device import resolve_device
 from recsys.entry import model_stage_args
-from recsys.evaluate import rank_targets, summarise
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
+from recsys.ranking import rank_targets, summarise
 from recsys.sequences import SequenceData, bucketed_batches, train_batch
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,6 @@ class TrainResult:
     sequences_per_second: float
     checkpoint: Path
     stopped_by: str
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
-    return torch.device(name)
 
 
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str) -> str:
