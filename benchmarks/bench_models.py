@@ -9,7 +9,9 @@ epoch and early-stops (patience from params.yaml), the test split is scored once
 A run is `model`, `model:loss`, and either may end in `@key=value,...` to override a model or train setting
 for that run only (ablations: `bert4rec@mask_prob=0.2,lr=0.001`). `--max-minutes` bounds one run's training (the best checkpoint so far is
 kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the table, never hidden).
-Results are merged into benchmarks/results/models.json and the table in benchmarks/RESULTS.md is rebuilt.
+`--seeds N` trains each run with N seeds (train.seed, train.seed + 1, ...), one row per seed.
+Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
+benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
 
 from __future__ import annotations
@@ -94,16 +96,19 @@ def configs_for(run: str, params):
     return name, model_config, train_config
 
 
-def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str) -> dict:
+def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str,
+            seed_offset: int = 0) -> dict:
     name, model_config, train_config = configs_for(run, params)
-    train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off")
-    out = work / re.sub(r"[^A-Za-z0-9_.-]", "-", run)
+    train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off",
+                                       seed=train_config.seed + seed_offset)
+    out = work / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{train_config.seed}")
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
                          resume_root=work / "resume")
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
     return {
         "run": run,
+        "seed": train_config.seed,
         "model": name,
         "config": dataclasses.asdict(model_config),
         "train": dataclasses.asdict(train_config),
@@ -135,6 +140,15 @@ def _read_curve(path: Path) -> list[dict]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
+def row_seed(row: dict) -> int:
+    """Rows from before `--seeds` carry their seed only in the train config."""
+    return int(row.get("seed", row["train"]["seed"]))
+
+
+def row_key(row: dict) -> tuple[str, str, int]:
+    return row["dataset"], row["run"], row_seed(row)
+
+
 def merge(results: list[dict]) -> list[dict]:
     """Read-modify-write under a lock: several benchmark processes may finish runs at the same time."""
     import fcntl
@@ -143,10 +157,10 @@ def merge(results: list[dict]) -> list[dict]:
     with open(RESULTS.with_suffix(".lock"), "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
-        keep = {(r["dataset"], r["run"]): r for r in existing}
+        keep = {row_key(r): r for r in existing}
         for r in results:
-            keep[(r["dataset"], r["run"])] = r
-        merged = sorted(keep.values(), key=lambda r: (r["dataset"], r["run"]))
+            keep[row_key(r)] = r
+        merged = sorted(keep.values(), key=row_key)
         tmp = RESULTS.with_suffix(".tmp")
         tmp.write_text(json.dumps(merged, indent=1) + "\n")
         tmp.replace(RESULTS)
@@ -156,27 +170,61 @@ def merge(results: list[dict]) -> list[dict]:
 
 def render_table(rows: list[dict]) -> str:
     lines = [
-        "| dataset | run | test NDCG@10 | test HR@10 | best epoch | epochs run | time to best (s) | train seq/s "
+        "| dataset | run | seed | test NDCG@10 | test HR@10 | best epoch | epochs run | time to best (s) | train seq/s "
         "| eval all users (s) | stopped by | load avg before/after | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['dataset']} | {r['run']} | {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} | {r['best_epoch']} "
-            f"| {r['epochs_run']} | {r['seconds_to_best']} | {r['train_sequences_per_second']} "
+            f"| {r['dataset']} | {r['run']} | {row_seed(r)} | {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} "
+            f"| {r['best_epoch']} | {r['epochs_run']} | {r['seconds_to_best']} | {r['train_sequences_per_second']} "
             f"| {r['eval_seconds_all_users']} | {r['stopped_by']} | {r.get('load_average_before_after', '?')} "
             f"| {r['commit']} |"
         )
     return "\n".join(lines)
 
 
-def update_results_md(rows: list[dict]) -> None:
-    md = ROOT / "benchmarks" / "RESULTS.md"
-    begin, end = "<!-- models:begin -->", "<!-- models:end -->"
-    text = md.read_text() if md.is_file() else f"# Benchmark results\n\n{begin}\n{end}\n"
+def mean_sd(values: list[float], digits: int = 4) -> str:
+    import statistics
+
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f} (1 seed)"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def render_summary(rows: list[dict]) -> str:
+    """One line per (dataset, run): mean ± sample sd over its seeds."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["run"]), []).append(r)
+    lines = [
+        "| dataset | run | seeds | test NDCG@10 | test HR@10 | best epoch | time to best (s) | stopped by |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, run), rs in groups.items():
+        stops = sorted({r["stopped_by"] for r in rs})
+        lines.append(
+            f"| {dataset} | {run} | {len(rs)} | {mean_sd([r['test_ndcg@10'] for r in rs])} "
+            f"| {mean_sd([r['test_hr@10'] for r in rs])} | {mean_sd([r['best_epoch'] for r in rs], 0)} "
+            f"| {mean_sd([r['seconds_to_best'] for r in rs], 0)} | {', '.join(stops)} |"
+        )
+    return "\n".join(lines)
+
+
+def replace_between(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text:
+        return f"{text}\n{begin}\n{body}\n{end}\n"
     head, _, rest = text.partition(begin)
     _, _, tail = rest.partition(end)
-    md.write_text(f"{head}{begin}\n{render_table(rows)}\n{end}{tail}")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def update_results_md(rows: list[dict]) -> None:
+    md = ROOT / "benchmarks" / "RESULTS.md"
+    text = md.read_text() if md.is_file() else "# Benchmark results\n"
+    text = replace_between(text, "models-summary", render_summary(rows))
+    md.write_text(replace_between(text, "models", render_table(rows)))
 
 
 def main() -> None:
@@ -185,6 +233,7 @@ def main() -> None:
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--runs", nargs="+", default=["mostpop", "sasrec:ce"])
     parser.add_argument("--max-minutes", type=float, default=0.0)
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per run: train.seed, train.seed + 1, ...")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -201,14 +250,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         save(prepared, work / "prepared")
-        for run in args.runs:
-            row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device)
+        for run, offset in ((run, offset) for run in args.runs for offset in range(args.seeds)):
+            row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device, offset)
             row.update(dataset=args.dataset, machine=machine(), commit=commit,
                        command=" ".join([Path(sys.executable).name, *sys.argv]),
                        n_users=prepared.n_users, n_items=prepared.n_items)
             merge([row])
-            logging.info("%s %s test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs stopped_by=%s",
-                         args.dataset, run, row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
+            logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
+                         "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
                          row["seconds_to_best"], row["stopped_by"])
 
 

@@ -67,12 +67,31 @@ class TrainConfig:
     # (1.0 = constant learning rate). Early stopping still counts from the last improvement.
     lr_decay: float = 1.0
     lr_decay_patience: int = 5
+    # Linear learning-rate warm-up over this many optimiser steps (0 = none).
+    warmup_steps: int = 0
+    # Early stopping may not end a run before this epoch (a slow start is not a plateau).
+    min_epochs: int = 0
+    # `lr` is the rate at batch size `lr_reference_batch`; another batch size scales it by
+    # (batch_size / lr_reference_batch) ** {none: 0, sqrt: 0.5, linear: 1} (large GPU batches).
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"
+    lr_reference_batch: int = 128
+
+    @property
+    def effective_lr(self) -> float:
+        power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[self.lr_scaling]
+        return self.lr * (self.batch_size / self.lr_reference_batch) ** power
 
     def __post_init__(self) -> None:
         if not 0.0 < self.lr_decay <= 1.0:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
+        for name in ("warmup_steps", "min_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.batch_size < 1 or self.lr_reference_batch < 1:
+            raise ValueError(f"train.batch_size and train.lr_reference_batch must be >= 1, got "
+                             f"{self.batch_size} and {self.lr_reference_batch}")
 
 
 @dataclass(frozen=True)

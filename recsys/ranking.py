@@ -11,11 +11,69 @@ import torch
 
 from recsys.metrics import target_rank
 from recsys.models.base import SequentialModel
-from recsys.sequences import SequenceData, eval_batch
+from recsys.sequences import EvalBatch, SequenceData, eval_batch
 
 
 def model_max_len(model: SequentialModel) -> int:
     return int(getattr(getattr(model, "config", None), "max_len", 1) or 1)
+
+
+class RankingInputs:
+    """Every target of a split with its model input and seen items, cut into batches once and kept on the
+    scoring device, so scoring a split again (validation after every epoch) builds nothing on the host and
+    moves nothing to it until the ranks are complete."""
+
+    def __init__(
+        self,
+        data: SequenceData,
+        split: str,
+        max_len: int,
+        *,
+        batch_size: int = 512,
+        device: torch.device | str = "cpu",
+        item_map: np.ndarray | None = None,
+        user_map: np.ndarray | None = None,
+    ):
+        self.device = torch.device(device)
+        self.n_items = data.n_items
+        targets = data.eval_targets(split)
+        self.batches: list[EvalBatch] = []
+        for start in range(0, len(targets), batch_size):
+            eb = eval_batch(data, targets[start : start + batch_size], max_len, item_map, user_map)
+            self.batches.append(EvalBatch(
+                batch=eb.batch.to(self.device), targets=eb.targets.to(self.device),
+                seen_rows=eb.seen_rows.to(self.device), seen_items=eb.seen_items.to(self.device), users=eb.users,
+            ))
+        self.users = np.concatenate([eb.users for eb in self.batches]) if self.batches else np.zeros(0, np.int64)
+        # Model id → dataset id columns when the model's vocabulary differs from the dataset's.
+        self.item_map = None if item_map is None else torch.from_numpy(item_map).to(self.device)
+
+    def scores(self, model: SequentialModel, eb: EvalBatch) -> torch.Tensor:
+        """(B, I + 1) float scores in dataset item ids; items unknown to the model score -inf."""
+        scores = model.score(eb.batch).float()  # (B, I_model + 1)
+        if self.item_map is not None:
+            scores = torch.where(self.item_map > 0, scores[:, self.item_map], float("-inf"))
+        return scores
+
+    @staticmethod
+    def candidates(scores: torch.Tensor, eb: EvalBatch) -> torch.Tensor:
+        """(B, I + 1) bool: every real item the user has not interacted with before the target."""
+        candidates = torch.ones_like(scores, dtype=torch.bool)
+        candidates[:, 0] = False
+        candidates[eb.seen_rows, eb.seen_items] = False
+        return candidates
+
+    @torch.no_grad()
+    def ranks(self, model: SequentialModel) -> torch.Tensor:
+        """(n,) full-ranking rank of every target, on the scoring device."""
+        was_training = model.training
+        model.eval()
+        out = []
+        for eb in self.batches:
+            scores = self.scores(model, eb)
+            out.append(target_rank(scores, eb.targets, self.candidates(scores, eb)))
+        model.train(was_training)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long, device=self.device)
 
 
 @torch.no_grad()
@@ -31,30 +89,25 @@ def rank_targets(
     sampled_negatives: int = 0,
     seed: int = 0,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
-    """(users, full-ranking ranks, sampled ranks or None) for every target of `split`."""
+    """(users, full-ranking ranks, sampled ranks or None) for every target of `split`; ranks on the CPU."""
+    inputs = RankingInputs(data, split, model_max_len(model), batch_size=batch_size, device=device,
+                           item_map=item_map, user_map=user_map)
+    if not sampled_negatives:
+        return inputs.users, inputs.ranks(model).cpu(), None
     was_training = model.training
     model.eval()
-    targets = data.eval_targets(split)
-    max_len = model_max_len(model)
     generator = torch.Generator().manual_seed(seed)
-    users, ranks, sampled = [], [], []
-    for start in range(0, len(targets), batch_size):
-        eb = eval_batch(data, targets[start : start + batch_size], max_len, item_map, user_map)
-        scores = model.score(eb.batch.to(device)).float()  # (B, I_model + 1)
-        if item_map is not None:
-            scores = torch.where(torch.from_numpy(item_map > 0).to(scores.device), scores[:, item_map], float("-inf"))
-        scores = scores.cpu()  # (B, I + 1) in dataset ids
-        candidates = torch.ones_like(scores, dtype=torch.bool)
-        candidates[:, 0] = False
-        candidates[eb.seen_rows, eb.seen_items] = False
-        ranks.append(target_rank(scores, eb.targets, candidates))
-        users.append(eb.users)
-        if sampled_negatives:
-            sampled.append(_sampled_rank(scores, eb.targets, candidates, sampled_negatives, generator))
+    ranks, sampled = [], []
+    for eb in inputs.batches:
+        scores = inputs.scores(model, eb)
+        candidates = inputs.candidates(scores, eb)
+        ranks.append(target_rank(scores, eb.targets, candidates).cpu())
+        # The sampled extra draws on the CPU generator, so it is the same on every device.
+        sampled.append(_sampled_rank(scores.cpu(), eb.targets.cpu(), candidates.cpu(), sampled_negatives, generator))
     model.train(was_training)
     if not ranks:
-        return np.zeros(0, np.int64), torch.zeros(0, dtype=torch.long), None
-    return np.concatenate(users), torch.cat(ranks), (torch.cat(sampled) if sampled else None)
+        return inputs.users, torch.zeros(0, dtype=torch.long), None
+    return inputs.users, torch.cat(ranks), torch.cat(sampled)
 
 
 def _sampled_rank(scores, targets, candidates, n, generator) -> torch.Tensor:

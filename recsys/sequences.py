@@ -83,18 +83,52 @@ def train_batch(data: SequenceData, spans: np.ndarray) -> Batch:
     )
 
 
-def bucketed_batches(spans: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
-    """Shuffle, sort by length within chunks of 50 batches, split into batches, shuffle batch order."""
-    order = torch.randperm(len(spans), generator=generator).numpy()
-    spans = spans[order]
+def bucketed_batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
+    """Row indices of each batch: shuffle, sort by length within chunks of 50 batches, split into batches,
+    shuffle the batch order. Similar lengths share a batch (less padding) while the order stays random."""
+    order = torch.randperm(len(lengths), generator=generator).numpy()
     chunk = batch_size * 50
     batches = []
-    for c in range(0, len(spans), chunk):
-        part = spans[c : c + chunk]
-        part = part[np.argsort(part[:, 2] - part[:, 1], kind="stable")]
+    for c in range(0, len(order), chunk):
+        part = order[c : c + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
         batches.extend(part[b : b + batch_size] for b in range(0, len(part), batch_size))
     perm = torch.randperm(len(batches), generator=generator).numpy()
     return [batches[i] for i in perm]
+
+
+def bucketed_batches(spans: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
+    """`bucketed_batch_rows` as the spans themselves (for `train_batch`)."""
+    return [spans[rows] for rows in bucketed_batch_rows(spans[:, 2] - spans[:, 1], batch_size, generator)]
+
+
+class TrainingTensors:
+    """Every training span, left-padded once into (n, W) item and time matrices that live on the training
+    device, so a batch is cut there by indexing — nothing is built on the host per batch, and on a GPU the
+    trainer is not bound by the host. `batch(rows, width)` equals `train_batch(data, spans[rows])`."""
+
+    def __init__(self, data: SequenceData, spans: np.ndarray, device: torch.device | str = "cpu"):
+        self.lengths = (spans[:, 2] - spans[:, 1]).astype(np.int64)  # events per span (host: batch planning)
+        n, width = len(spans), int(self.lengths.max()) if len(spans) else 1
+        # Event index of every cell, -1 at padding: row r holds events start..end-1 right-aligned.
+        col = np.arange(width)[None, :] - (width - self.lengths)[:, None]  # (n, W) offset into the span
+        idx = np.where(col >= 0, spans[:, 1:2] + col, -1)
+        pad = idx < 0
+        items = np.where(pad, 0, data.items[np.maximum(idx, 0)])
+        times = np.where(pad, 0, data.times[np.maximum(idx, 0)])
+        self.items = torch.from_numpy(items).to(device)  # (n, W)
+        self.times = torch.from_numpy(times).to(device)
+        self.users = torch.from_numpy(spans[:, 0].astype(np.int64)).to(device)  # (n,)
+
+    def batch(self, rows: torch.Tensor, width: int) -> Batch:
+        """Rows `rows` (on the device) as a training batch of `width` input positions, `width` = the longest
+        span in the batch minus one (computed on the host from `lengths`, so no device sync)."""
+        seq, t = self.items[rows, -(width + 1) :], self.times[rows, -(width + 1) :]  # (B, width + 1)
+        has_input = seq[:, :-1] > 0  # a target right after padding has no input to predict it from
+        return Batch(
+            items=seq[:, :-1], times=t[:, :-1], users=self.users[rows],
+            targets=seq[:, 1:] * has_input, target_times=t[:, 1:] * has_input,
+        )
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from recsys.entry import model_stage_args
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
-from recsys.ranking import rank_targets, summarise
-from recsys.sequences import SequenceData, bucketed_batches, train_batch
+from recsys.ranking import RankingInputs, summarise
+from recsys.sequences import SequenceData, TrainingTensors, bucketed_batch_rows
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,14 @@ def _progress(enabled: str, total: int, desc: str):
     return tqdm(total=total, desc=desc, leave=False, unit="batch")
 
 
-def validate(model, data: SequenceData, config: TrainConfig, device) -> dict[str, float]:
-    _, ranks, _ = rank_targets(model, data, "valid", batch_size=config.eval_batch_size, device=device)
-    return summarise(per_user_metrics(ranks, (10,)))
+def validate(model, inputs: RankingInputs) -> dict[str, float]:
+    """Validation NDCG@10 / HR@10 over every validation target, ranked on the training device."""
+    return summarise(per_user_metrics(inputs.ranks(model).cpu(), (10,)))
+
+
+def validation_inputs(model, data: SequenceData, config: TrainConfig, device) -> RankingInputs:
+    return RankingInputs(data, "valid", int(getattr(model.config, "max_len", 1)), batch_size=config.eval_batch_size,
+                         device=device)
 
 
 def train_model(
@@ -153,8 +158,9 @@ def train_model(
         save_checkpoint(out_dir, model, dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids,
                         extra={"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)})
 
+    valid_inputs = validation_inputs(model, data, cfg, device)
     if not model.trainable:
-        valid = validate(model, data, cfg, device)
+        valid = validate(model, valid_inputs)
         checkpoint(0, valid)
         row = {"epoch": 0, "loss": float("nan"), f"valid_{SELECTION_METRIC}": valid[SELECTION_METRIC],
                "valid_hr@10": valid["hr@10"], "seconds": time.perf_counter() - started}
@@ -168,11 +174,15 @@ def train_model(
     spans = data.train_spans(max_len)
     if len(spans) == 0:
         raise ValueError("no user has two or more training events; nothing to train on")
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
+    lr = cfg.effective_lr
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
+                                 fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = _Resume(Path(resume_root or Path(".resume")), run_key(model_name, model_config, cfg, fingerprint))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
-             "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0}
+             "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
+             "lr": lr}
     restored = resume.load(model, optimizer, generator, device)
     if restored:
         state.update(restored)
@@ -185,34 +195,47 @@ def train_model(
     while state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
         model.train()
-        batches = bucketed_batches(spans, cfg.batch_size, generator)
-        bar = _progress(cfg.progress, len(batches), f"{model_name} epoch {epoch}")
-        total_loss, n_batches, epoch_start = 0.0, 0, time.perf_counter()
-        for spans_batch in batches:
-            batch = train_batch(data, spans_batch).to(device)
+        # The epoch's batch plan is made on the host from span lengths and sent to the device in one copy;
+        # inside the loop nothing waits for the device (the loss is summed there and read once per epoch).
+        plan = bucketed_batch_rows(tensors.lengths, cfg.batch_size, generator)
+        widths = [int(tensors.lengths[rows].max()) - 1 for rows in plan]
+        flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
+        bounds = np.cumsum([0] + [len(rows) for rows in plan])
+        bar = _progress(cfg.progress, len(plan), f"{model_name} epoch {epoch}")
+        total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
+        for b, width in enumerate(widths):
+            if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
+                for group in optimizer.param_groups:
+                    group["lr"] = state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
+            batch = tensors.batch(flat[bounds[b] : bounds[b + 1]], width)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
                 loss = model.loss(batch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{model_name}: non-finite loss {loss.item()} at epoch {epoch}")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
-            total_loss += loss.item()
-            n_batches += 1
+            total_loss += loss.detach()
+            state["steps"] += 1
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{total_loss / n_batches:.4f}")
+        if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
+            for group in optimizer.param_groups:
+                group["lr"] = state["lr"]
+        epoch_loss = float(total_loss) / len(plan)  # the epoch's one host sync
         if bar is not None:
+            bar.set_postfix(loss=f"{epoch_loss:.4f}")
             bar.close()
+        if not math.isfinite(epoch_loss):
+            raise FloatingPointError(f"{model_name}: non-finite training loss at epoch {epoch}; lower train.lr "
+                                     f"(now {lr:g}) or set train.grad_clip (now {cfg.grad_clip:g})")
         state["sequences"] += len(spans)
         train_seconds = time.perf_counter() - epoch_start
-        valid = validate(model, data, cfg, device)
+        valid = validate(model, valid_inputs)
         now = time.perf_counter() - started + time_offset
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
-        row = {"epoch": epoch, "loss": total_loss / max(n_batches, 1), f"valid_{SELECTION_METRIC}": score,
+        row = {"epoch": epoch, "loss": epoch_loss, f"valid_{SELECTION_METRIC}": score,
                "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": optimizer.param_groups[0]["lr"]}
         curve_rows.append(row)
         log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.1f "
@@ -226,9 +249,10 @@ def train_model(
             state["bad_epochs"] += 1
             state["since_decay"] += 1
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
-                # The new rate is in the optimizer's param_groups, which the resume state keeps.
+                # state["lr"] (kept by the resume state) is the rate after decay, before any warm-up factor.
+                state["lr"] *= cfg.lr_decay
                 for group in optimizer.param_groups:
-                    group["lr"] *= cfg.lr_decay
+                    group["lr"] = state["lr"]
                 state["since_decay"] = 0
                 log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
         state.update(epoch=epoch, seconds=now, curve=curve_rows)
@@ -236,7 +260,7 @@ def train_model(
         resume.save(model, optimizer, generator, state)
         if on_epoch is not None:
             on_epoch(epoch, row)
-        if state["bad_epochs"] >= cfg.patience:
+        if state["bad_epochs"] >= cfg.patience and epoch >= cfg.min_epochs:
             stopped_by = "early_stopping"
             break
         if cfg.max_minutes and now > cfg.max_minutes * 60:

@@ -121,9 +121,13 @@ def test_positions_count_from_the_newest():
     assert positions_from_end(torch.zeros(2, 4, dtype=torch.long)).tolist() == [[3, 2, 1, 0]] * 2
 
 
-def test_causality():
+ARRANGEMENTS = [{"residual": "reference"}, {"residual": "pre_ln"}, {"init": "xavier", "emb_scale": False}]
+
+
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_causality(arrangement):
     """Changing a later item never changes an earlier output (eval mode)."""
-    model = make_model().eval()
+    model = make_model(**arrangement).eval()
     items = torch.tensor([[3, 7, 1, 9, 4, 12, 5, 8]])
     base = model(eval_batch_of(items.tolist()))
     for pos in range(items.shape[1]):
@@ -134,8 +138,9 @@ def test_causality():
         assert not torch.allclose(out[:, pos], base[:, pos])
 
 
-def test_padding_invariance():
-    model = make_model().eval()
+@pytest.mark.parametrize("arrangement", ARRANGEMENTS)
+def test_padding_invariance(arrangement):
+    model = make_model(**arrangement).eval()
     short = model.score(eval_batch_of([[3, 7, 1, 9]]))
     padded = model.score(eval_batch_of([[0, 0, 0, 0, 0, 3, 7, 1, 9]]))
     torch.testing.assert_close(padded, short, rtol=1e-5, atol=1e-5)
@@ -157,10 +162,11 @@ def test_score_shape_and_padding_column():
     assert torch.isneginf(scores[:, 0]).all() and torch.isfinite(scores[:, 1:]).all()
 
 
-@pytest.mark.parametrize("loss", ["ce", "gbce"])
-def test_overfits_one_batch(loss):
+@pytest.mark.parametrize("loss,arrangement", [("ce", {}), ("gbce", {}), ("ce", {"residual": "pre_ln"}),
+                                               ("ce", {"init": "xavier", "emb_scale": False})])
+def test_overfits_one_batch(loss, arrangement):
     """After enough steps on one batch, each sequence's next item ranks first among all items."""
-    model = make_model(loss=loss, n_negatives=19)
+    model = make_model(loss=loss, n_negatives=19, **arrangement)
     batch = chain_batch()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(150):
@@ -180,3 +186,36 @@ def test_dropout_is_off_in_eval_mode():
     model = make_model(dropout=0.5).eval()
     batch = eval_batch_of([[3, 7, 1, 9]])
     torch.testing.assert_close(model.score(batch), model.score(batch), rtol=0, atol=0)
+
+
+def test_reference_block_takes_keys_from_the_raw_input_and_adds_the_normalised_query():
+    """x ← LN₁(x) + Attn(q=LN₁(x), k=v=x); x ← LN₂(x) + FFN(LN₂(x)), written out by hand."""
+    from recsys.models.blocks import TransformerBlock, attention_mask
+
+    torch.manual_seed(0)
+    block = TransformerBlock(8, 2, 0.0, ffn_dim=8, residual="reference").eval()
+    with torch.no_grad():
+        block.ln1.weight.uniform_(0.5, 1.5)  # non-trivial norms, so LN(x) ≠ x is visible
+        block.ln1.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 3, 8)
+    items = torch.tensor([[1, 2, 3]])
+    q = block.ln1(x)
+    wq, wk, wv = block.attn.qkv.weight.split(8)
+    bq, bk, bv = block.attn.qkv.bias.split(8)
+    heads = lambda t: t.view(1, 3, 2, 4).transpose(1, 2)  # noqa: E731
+    att = F.scaled_dot_product_attention(heads(q @ wq.T + bq), heads(x @ wk.T + bk), heads(x @ wv.T + bv),
+                                         attn_mask=attention_mask(items, causal=True))
+    h = q + block.attn.proj(att.transpose(1, 2).reshape(1, 3, 8))
+    y = block.ln2(h)
+    want = y + block.ffn(y)
+    torch.testing.assert_close(block(x, attention_mask(items, causal=True)), want)
+    torch.testing.assert_close(block(x, attention_mask(items, causal=True), last_only=True), want[:, -1:])
+
+
+def test_config_rejects_unknown_arrangements():
+    with pytest.raises(ValueError, match="residual"):
+        SASRecConfig(residual="post_ln")
+    with pytest.raises(ValueError, match="init"):
+        SASRecConfig(init="kaiming")
+    with pytest.raises(ValueError, match="divisible"):
+        SASRecConfig(dim=10, n_heads=3)

@@ -9,7 +9,14 @@ import torch
 
 from recsys.config import PrepareConfig
 from recsys.prepare import prepare
-from recsys.sequences import SequenceData, bucketed_batches, eval_batch, train_batch
+from recsys.sequences import (
+    SequenceData,
+    TrainingTensors,
+    bucketed_batch_rows,
+    bucketed_batches,
+    eval_batch,
+    train_batch,
+)
 
 ALL = PrepareConfig(min_user_interactions=1, min_item_interactions=1)
 
@@ -86,3 +93,35 @@ def test_eval_batch_maps_to_model_ids(hand):
     assert eb.batch.users.tolist() == [0, 1]
     assert eb.targets.tolist() == [6, 7]  # targets and seen items stay in dataset ids
     assert sorted(eb.seen_items[eb.seen_rows == 0].tolist()) == [1, 2, 3, 4, 5]
+
+
+def _random_data(seed: int) -> SequenceData:
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 30, size=40)
+    n = int(counts.sum())
+    roles = np.concatenate([np.r_[np.zeros(max(c - 2, 0), np.int8), np.full(min(c, 2), 1, np.int8)] for c in counts])
+    return SequenceData(n_items=50, n_users=40, offsets=np.r_[0, np.cumsum(counts)].astype(np.int64),
+                        items=rng.integers(1, 51, n).astype(np.int64), times=np.arange(n, dtype=np.int64) + 1000,
+                        roles=roles)
+
+
+@pytest.mark.parametrize("max_len", [3, 8, 50])
+def test_device_resident_batches_equal_host_batches(max_len):
+    """The trainer cuts batches from TrainingTensors; each must equal train_batch of the same spans."""
+    data = _random_data(max_len)
+    spans = data.train_spans(max_len)
+    tensors = TrainingTensors(data, spans)
+    plan = bucketed_batch_rows(tensors.lengths, 7, torch.Generator().manual_seed(0))
+    assert sorted(np.concatenate(plan).tolist()) == list(range(len(spans)))
+    for rows in plan:
+        width = int(tensors.lengths[rows].max()) - 1
+        got, want = tensors.batch(torch.from_numpy(rows), width), train_batch(data, spans[rows])
+        for field in ("items", "times", "users", "targets", "target_times"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+def test_bucketed_batches_are_the_rows_of_bucketed_batch_rows():
+    spans = np.stack([np.arange(1, 51), np.arange(50) * 10, np.arange(50) * 10 + 2 + np.arange(50) % 5], 1)
+    rows = bucketed_batch_rows(spans[:, 2] - spans[:, 1], 8, torch.Generator().manual_seed(3))
+    batches = bucketed_batches(spans, 8, torch.Generator().manual_seed(3))
+    assert all((spans[r] == b).all() for r, b in zip(rows, batches))

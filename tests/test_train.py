@@ -191,7 +191,7 @@ def test_early_stopping_keeps_the_best_epoch(tiny_prepared, tiny_sasrec_config, 
 
     scripted = iter([0.1, 0.3, 0.2, 0.3, 0.25, 0.9])  # best at epoch 2; ties do not count as improvement
 
-    def fake_validate(model, data, config, device):
+    def fake_validate(model, inputs):
         value = next(scripted)
         return {"ndcg@10": value, "hr@10": value, "mrr": value}
 
@@ -210,7 +210,7 @@ def test_learning_rate_decays_after_flat_epochs_and_survives_resume(tiny_prepare
 
     scripted = iter([0.1, 0.3, 0.2, 0.2, 0.4, 0.3, 0.3, 0.3])  # improvements at epochs 1, 2 and 5
 
-    def fake_validate(model, data, config, device):
+    def fake_validate(model, inputs):
         value = next(scripted)
         return {"ndcg@10": value, "hr@10": value, "mrr": value}
 
@@ -346,3 +346,43 @@ def test_damaged_checkpoint_is_a_checkpoint_error(saved, damage):
         meta_file.write_text(json.dumps({**meta, "config": {**meta["config"], "secret": 1}}))
     with pytest.raises(CheckpointError):
         load_model(out)
+
+
+# --- schedule knobs -----------------------------------------------------------------------------------------
+
+
+def test_warmup_ramps_the_learning_rate_linearly_then_holds_it(tiny_prepared, tiny_sasrec_config,
+                                                               fast_train_config, tmp_path):
+    import math
+
+    from recsys.sequences import SequenceData
+
+    n_spans = len(SequenceData.from_prepared(tiny_prepared).train_spans(tiny_sasrec_config.max_len))
+    steps_per_epoch = math.ceil(n_spans / fast_train_config.batch_size)
+    warmup = 2 * steps_per_epoch + 1  # ends one step into epoch 3
+    cfg = dataclasses.replace(fast_train_config, epochs=4, lr=0.01, warmup_steps=warmup)
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    lrs = [float(r["lr"]) for r in read_curve(tmp_path / "curve.csv")]
+    # The curve records the rate of each epoch's last step.
+    assert lrs[0] == pytest.approx(0.01 * steps_per_epoch / warmup)
+    assert lrs[1] == pytest.approx(0.01 * 2 * steps_per_epoch / warmup)
+    assert lrs[2:] == [pytest.approx(0.01)] * 2
+
+
+def test_min_epochs_holds_off_early_stopping(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    # lr = 0: validation never improves after epoch 1, so patience 2 alone would stop after epoch 3.
+    cfg = dataclasses.replace(fast_train_config, epochs=20, patience=2, lr=0.0, min_epochs=6)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    assert (result.best_epoch, result.epochs_run, result.stopped_by) == (1, 6, "early_stopping")
+
+
+@pytest.mark.parametrize("scaling,expected", [("none", 1e-3), ("sqrt", 2e-3), ("linear", 4e-3)])
+def test_learning_rate_scales_with_batch_size(scaling, expected):
+    cfg = TrainConfig(lr=1e-3, batch_size=512, lr_reference_batch=128, lr_scaling=scaling)
+    assert cfg.effective_lr == pytest.approx(expected)
+
+
+def test_schedule_settings_are_validated():
+    for bad in ({"warmup_steps": -1}, {"min_epochs": -2}, {"batch_size": 0}):
+        with pytest.raises(ValueError, match="train"):
+            TrainConfig(**bad)

@@ -1,7 +1,13 @@
-"""Transformer blocks shared by SASRec, BERT4Rec and MOJITO's item stream.
+"""Transformer blocks shared by SASRec and BERT4Rec, over `scaled_dot_product_attention` (which picks a
+fused kernel — flash / memory-efficient — on CUDA when it can).
 
-Pre-LN blocks (as in SASRec's reference code) over `scaled_dot_product_attention`, which picks a fused kernel
-(flash / memory-efficient on CUDA) when it can.
+Two residual arrangements (`residual`):
+- "reference": SASRec's reference code (Kang & McAuley; kept by RecTools and SASRec.pytorch): the query is
+  LN(x) while keys and values are the raw x, the attention residual adds LN(x), and the feed-forward
+  residual adds its own normalised input: x ← LN₁(x) + Attn(LN₁(x), x);  x ← LN₂(x) + FFN(LN₂(x)).
+  The ablation in benchmarks/RESULTS.md measured it ahead of pre-LN for SASRec.
+- "pre_ln": the standard pre-LN transformer, x ← x + Attn(LN₁(x)); x ← x + FFN(LN₂(x)).
+Either way the model ends with a final LayerNorm.
 """
 
 from __future__ import annotations
@@ -22,10 +28,17 @@ class MultiHeadSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """(B, L, D) → (B, L, D), or (B, 1, D) for the newest query only with `last_only`."""
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False, kv: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(B, L, D) → (B, L, D), or (B, 1, D) for the newest query only with `last_only`. Keys and values
+        come from `kv` when given (the reference arrangement: raw x), else from `x`."""
         B, L, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)
+        if kv is None:
+            q, k, v = self.qkv(x).split(D, dim=-1)
+        else:  # same parameters, split: the query projection reads x, key/value projections read kv
+            q = F.linear(x, self.qkv.weight[:D], self.qkv.bias[:D])
+            k, v = F.linear(kv, self.qkv.weight[D:], self.qkv.bias[D:]).split(D, dim=-1)
         if last_only:
             q, attn_mask = q[:, -1:], attn_mask[:, :, -1:]
         Lq = q.shape[1]
@@ -50,9 +63,18 @@ class FeedForward(nn.Module):
         return self.dropout(self.fc2(self.dropout(self.act(self.fc1(x)))))
 
 
+RESIDUALS = ("reference", "pre_ln")
+
+
 class TransformerBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, dropout: float, ffn_dim: int, activation: str = "relu"):
+    def __init__(
+        self, dim: int, n_heads: int, dropout: float, ffn_dim: int, activation: str = "relu",
+        residual: str = "pre_ln",
+    ):
         super().__init__()
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        self.residual = residual
         self.ln1 = nn.LayerNorm(dim)
         self.attn = MultiHeadSelfAttention(dim, n_heads, dropout)
         self.ln2 = nn.LayerNorm(dim)
@@ -61,8 +83,12 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """`last_only`: output the newest position only (B, 1, D) — all scoring needs from the final block;
         keys and values still come from every position."""
-        y = self.attn(self.ln1(x), attn_mask, last_only)
-        x = (x[:, -1:] if last_only else x) + y
+        q = self.ln1(x)  # (B, L, D)
+        if self.residual == "reference":
+            x = (q[:, -1:] if last_only else q) + self.attn(q, attn_mask, last_only, kv=x)
+            y = self.ln2(x)
+            return y + self.ffn(y)
+        x = (x[:, -1:] if last_only else x) + self.attn(q, attn_mask, last_only)
         return x + self.ffn(self.ln2(x))
 
 

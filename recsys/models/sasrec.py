@@ -11,6 +11,11 @@ input and output. Losses (`loss` config field):
 
 Positions are counted from the newest event (the newest is position 0). With the reference code's
 fixed-length left padding this is the same indexing, and it makes outputs invariant to extra padding.
+
+Defaults follow the ablation in benchmarks/RESULTS.md (ml-100k and ml-1m-half, full ranking): the reference
+code's residual arrangement (`residual="reference"`, see `blocks.py`), two heads. `init` and `emb_scale`
+select the initialisation ("normal": N(0, 1/d) embeddings and Xavier linears, with item embeddings scaled
+by √d at the input; "xavier": Xavier-normal for every matrix, as RecTools) — measured there too.
 """
 
 from __future__ import annotations
@@ -32,12 +37,23 @@ from recsys.models.losses import linear_cross_entropy
 class SASRecConfig:
     dim: int = 64
     n_layers: int = 2
-    n_heads: int = 1
+    n_heads: int = 2
     dropout: float = 0.2
     max_len: int = 200
     loss: Literal["ce", "bce", "sampled_ce", "gbce"] = "ce"
     n_negatives: int = 256
     gbce_t: float = 0.75
+    residual: Literal["reference", "pre_ln"] = "reference"
+    init: Literal["normal", "xavier"] = "normal"
+    emb_scale: bool = True  # item embeddings × √dim at the input
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        if self.residual not in ("reference", "pre_ln"):
+            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
+        if self.init not in ("normal", "xavier"):
+            raise ValueError(f"init must be 'normal' or 'xavier', got {self.init!r}")
 
 
 def positions_from_end(items: torch.Tensor) -> torch.Tensor:
@@ -93,14 +109,17 @@ class SASRec(SequentialModel):
         self.pos_emb = nn.Embedding(config.max_len, d)
         self.emb_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=d) for _ in range(config.n_layers)
+            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=d, residual=config.residual)
+            for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d)
-        self.apply(_init_weights)
+        self.apply(_init_weights if config.init == "normal" else _xavier_init)
 
     def forward(self, batch: Batch, last_only: bool = False) -> torch.Tensor:
         items = batch.items[:, -self.config.max_len :]  # (B, L)
-        x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
+        x = self.item_emb(items)  # (B, L, D)
+        if self.config.emb_scale:
+            x = x * math.sqrt(self.config.dim)
         x = x + self.pos_emb(positions_from_end(items))
         x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
         mask = attention_mask(items, causal=True)  # (B, 1, L, L)
@@ -150,5 +169,16 @@ def _init_weights(module: nn.Module) -> None:
     elif isinstance(module, nn.Embedding):
         nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
         if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+
+
+def _xavier_init(module: nn.Module) -> None:
+    """Xavier-normal for every matrix, embeddings included (RecTools' initialisation); zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.xavier_normal_(module.weight)
+        if isinstance(module, nn.Linear):
+            nn.init.zeros_(module.bias)
+        elif module.padding_idx is not None:
             with torch.no_grad():
                 module.weight[module.padding_idx].zero_()
