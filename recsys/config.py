@@ -75,6 +75,9 @@ class TrainConfig:
     # (batch_size / lr_reference_batch) ** {none: 0, sqrt: 0.5, linear: 1} (large GPU batches).
     lr_scaling: Literal["none", "sqrt", "linear"] = "none"
     lr_reference_batch: int = 128
+    # Training sequences per user: "last" = the newest max_len + 1 training events (the SASRec reference);
+    # "all" = the whole training history in windows of max_len + 1 events (recsys.sequences.train_spans).
+    windows: Literal["last", "all"] = "last"
 
     @property
     def effective_lr(self) -> float:

@@ -171,7 +171,7 @@ def train_model(
         return TrainResult(model_name, 0, valid, 0, elapsed, elapsed, 0.0, out_dir, "not_trainable")
 
     max_len = int(model_config.max_len)
-    spans = data.train_spans(max_len)
+    spans = data.train_spans(max_len, cfg.windows)
     if len(spans) == 0:
         raise ValueError("no user has two or more training events; nothing to train on")
     tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there

@@ -125,3 +125,25 @@ def test_bucketed_batches_are_the_rows_of_bucketed_batch_rows():
     rows = bucketed_batch_rows(spans[:, 2] - spans[:, 1], 8, torch.Generator().manual_seed(3))
     batches = bucketed_batches(spans, 8, torch.Generator().manual_seed(3))
     assert all((spans[r] == b).all() for r, b in zip(rows, batches))
+
+
+@pytest.mark.parametrize("max_len", [1, 3, 8, 50])
+def test_all_windows_make_every_training_transition_a_target_exactly_once(max_len):
+    data = _random_data(7)
+    spans = data.train_spans(max_len, windows="all")
+    assert ((spans[:, 2] - spans[:, 1] >= 2) & (spans[:, 2] - spans[:, 1] <= max_len + 1)).all()
+    targets = np.concatenate([np.arange(s + 1, e) for _, s, e in spans])  # event index of every target
+    user_of = np.searchsorted(data.offsets, np.arange(len(data.items)), side="right")
+    is_train = data.roles == 0
+    expected = [i for i in range(len(data.items))  # a training event with an earlier training event
+                if is_train[i] and i > data.offsets[user_of[i] - 1]]
+    assert sorted(targets.tolist()) == expected
+    # Each window's user owns its events; the newest window is the "last" span.
+    assert all(data.offsets[u - 1] <= s and e <= data.offsets[u] for u, s, e in spans)
+    last = data.train_spans(max_len, windows="last")
+    assert {tuple(r) for r in last} <= {tuple(r) for r in spans}
+
+
+def test_windows_must_be_known():
+    with pytest.raises(ValueError, match="windows"):
+        _random_data(1).train_spans(5, windows="some")
