@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.sequences import SequenceData, bucketed_batches, train_batch  # noqa: E402
+from recsys.sequences import SequenceData, TrainingTensors, bucketed_batch_rows  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
-from recsys.train import validate  # noqa: E402
+from recsys.train import validate, validation_inputs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 
@@ -39,12 +39,14 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     torch.manual_seed(0)
     model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
-    spans = data.train_spans(int(model_config.max_len))
-    batches = bucketed_batches(spans, train_config.batch_size, torch.Generator().manual_seed(0))[:n_batches]
+    spans = data.train_spans(int(model_config.max_len), train_config.windows)
+    tensors = TrainingTensors(data, spans, device)  # as the trainer: resident on the device
+    batches = bucketed_batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0))
+    batches = batches[:n_batches]
     model.train()
     started, sequences = time.perf_counter(), 0
     for rows in batches:
-        batch = train_batch(data, rows).to(device)
+        batch = tensors.batch(torch.from_numpy(rows).to(device), int(tensors.lengths[rows].max()) - 1)
         loss = model.loss(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -53,8 +55,9 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     if device.type == "cuda":
         torch.cuda.synchronize()
     train_seconds = time.perf_counter() - started
+    inputs = validation_inputs(model, data, train_config, device)  # built once per run by the trainer
     started = time.perf_counter()
-    validate(model, data, train_config, device)
+    validate(model, inputs)
     valid_seconds = time.perf_counter() - started
     per_second = sequences / train_seconds
     return {
