@@ -121,7 +121,7 @@ def test_positions_count_from_the_newest():
     assert positions_from_end(torch.zeros(2, 4, dtype=torch.long)).tolist() == [[3, 2, 1, 0]] * 2
 
 
-ARRANGEMENTS = [{"residual": "reference"}, {"residual": "pre_ln"}, {"init": "xavier", "emb_scale": False}]
+ARRANGEMENTS = [{"residual": "reference"}, {"residual": "pre_ln"}, {"weight_init": "xavier", "emb_scale": False}]
 
 
 @pytest.mark.parametrize("arrangement", ARRANGEMENTS)
@@ -163,7 +163,7 @@ def test_score_shape_and_padding_column():
 
 
 @pytest.mark.parametrize("loss,arrangement", [("ce", {}), ("gbce", {}), ("ce", {"residual": "pre_ln"}),
-                                               ("ce", {"init": "xavier", "emb_scale": False})])
+                                               ("ce", {"weight_init": "xavier", "emb_scale": False})])
 def test_overfits_one_batch(loss, arrangement):
     """After enough steps on one batch, each sequence's next item ranks first among all items."""
     model = make_model(loss=loss, n_negatives=19, **arrangement)
@@ -215,7 +215,7 @@ def test_reference_block_takes_keys_from_the_raw_input_and_adds_the_normalised_q
 def test_config_rejects_unknown_arrangements():
     with pytest.raises(ValueError, match="residual"):
         SASRecConfig(residual="post_ln")
-    with pytest.raises(ValueError, match="init"):
-        SASRecConfig(init="kaiming")
+    with pytest.raises(ValueError, match="weight_init"):
+        SASRecConfig(weight_init="kaiming")
     with pytest.raises(ValueError, match="divisible"):
         SASRecConfig(dim=10, n_heads=3)

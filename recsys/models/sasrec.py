@@ -13,7 +13,7 @@ Positions are counted from the newest event (the newest is position 0). With the
 fixed-length left padding this is the same indexing, and it makes outputs invariant to extra padding.
 
 Defaults follow the ablation in benchmarks/RESULTS.md (ml-100k and ml-1m-half, full ranking): the reference
-code's residual arrangement (`residual="reference"`, see `blocks.py`), two heads. `init` and `emb_scale`
+code's residual arrangement (`residual="reference"`, see `blocks.py`), two heads. `weight_init` and `emb_scale`
 select the initialisation ("normal": N(0, 1/d) embeddings and Xavier linears, with item embeddings scaled
 by √d at the input; "xavier": Xavier-normal for every matrix, as RecTools) — measured there too.
 """
@@ -44,7 +44,7 @@ class SASRecConfig:
     n_negatives: int = 256
     gbce_t: float = 0.75
     residual: Literal["reference", "pre_ln"] = "reference"
-    init: Literal["normal", "xavier"] = "normal"
+    weight_init: Literal["normal", "xavier"] = "normal"
     emb_scale: bool = True  # item embeddings × √dim at the input
 
     def __post_init__(self) -> None:
@@ -52,8 +52,8 @@ class SASRecConfig:
             raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
         if self.residual not in ("reference", "pre_ln"):
             raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
-        if self.init not in ("normal", "xavier"):
-            raise ValueError(f"init must be 'normal' or 'xavier', got {self.init!r}")
+        if self.weight_init not in ("normal", "xavier"):
+            raise ValueError(f"weight_init must be 'normal' or 'xavier', got {self.weight_init!r}")
 
 
 def positions_from_end(items: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ class SASRec(SequentialModel):
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d)
-        self.apply(_init_weights if config.init == "normal" else _xavier_init)
+        self.apply(_init_weights if config.weight_init == "normal" else _xavier_init)
 
     def forward(self, batch: Batch, last_only: bool = False) -> torch.Tensor:
         items = batch.items[:, -self.config.max_len :]  # (B, L)
