@@ -29,7 +29,24 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
 MD = ROOT / "benchmarks" / "RESULTS.md"
 CURVE_RUNS = ("mostpop", "sasrec", "sasrec:ce", "sasrec:bce", "bert4rec", "mojito")
-BEGIN, END = "<!-- aims:begin -->", "<!-- aims:end -->"
+REF = "sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0"
+# The SASRec ablation (issue 11): each run changes one thing from the run it is compared with.
+ABLATION = (
+    ("sasrec:ce", None, "previous defaults: pre-LN blocks, 1 head, patience 10, gradient clipping 5"),
+    ("sasrec:ce@residual=reference,n_heads=1", "sasrec:ce", "reference block (LN'd query residual, raw keys)"),
+    ("sasrec:ce@residual=reference,n_heads=2,patience=20", "sasrec:ce@residual=reference,n_heads=1",
+     "2 heads, patience 20"),
+    (REF, "sasrec:ce@residual=reference,n_heads=2,patience=20", "no gradient clipping"),
+    (f"{REF},weight_init=xavier", REF, "Xavier-normal init of every matrix (RecTools)"),
+    (f"{REF},emb_scale=false", REF, "no √d input embedding scale"),
+    (f"{REF},weight_init=xavier,emb_scale=false", REF, "RecTools' init and no √d scale together"),
+    (f"{REF},windows=all", REF, "train on the whole history (all max_len+1 windows)"),
+    (f"{REF},windows=all,weight_decay=0.0001", f"{REF},windows=all", "L2 weight decay 1e-4"),
+    (f"{REF},windows=all,warmup_steps=200", f"{REF},windows=all", "200 warm-up steps"),
+    (f"{REF},windows=all,dropout=0.1", f"{REF},windows=all", "dropout 0.1 (from 0.2)"),
+    (f"{REF},windows=all,dropout=0.3", f"{REF},windows=all", "dropout 0.3 (from 0.2)"),
+    (f"{REF},windows=all,min_epochs=60", f"{REF},windows=all", "no early stop before epoch 60"),
+)
 
 
 def plot(dataset: str, rows: dict[str, list[dict]], out: Path) -> None:
@@ -120,6 +137,40 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
     )
 
 
+def ablation_table(all_rows: list[dict]) -> str:
+    lines = ["| dataset | run | change (vs the run named) | seeds | test NDCG@10 | test HR@10 | valid NDCG@10 "
+             "| best epoch | Δ test NDCG@10 vs base |", "|---|---|---|---|---|---|---|---|---|"]
+    for dataset in sorted({r["dataset"] for r in all_rows}):
+        rows: dict[str, list[dict]] = {}
+        for r in all_rows:
+            if r["dataset"] == dataset:
+                rows.setdefault(r["run"], []).append(r)
+        for run, base, change in ABLATION:
+            if run not in rows:
+                continue
+            rs = rows[run]
+            test = [r["test_ndcg@10"] for r in rs]
+            delta = ""
+            if base in rows:
+                delta = f"{np.mean(test) - np.mean([r['test_ndcg@10'] for r in rows[base]]):+.4f}"
+            lines.append(
+                f"| {dataset} | `{run}` | {change}{f' (vs `{base}`)' if base else ''} | {len(rs)} "
+                f"| {mean_sd(test, 4)} | {mean_sd([r['test_hr@10'] for r in rs], 4)} "
+                f"| {mean_sd([r['valid_ndcg@10'] for r in rs], 4)} | {mean_sd([r['best_epoch'] for r in rs], 0)} "
+                f"| {delta} |"
+            )
+    return "\n".join(lines)
+
+
+def replace_between(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text:
+        return f"{text}\n{begin}\n{body}\n{end}\n"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def main() -> int:
     if not RESULTS.is_file():
         print(f"no results at {RESULTS}; run benchmarks/bench_models.py first", file=sys.stderr)
@@ -144,14 +195,8 @@ def main() -> int:
             if line:
                 lines.append(line)
     table = "\n".join(lines)
-    text = MD.read_text()
-    if BEGIN not in text:
-        print(f"{MD.relative_to(ROOT)} has no {BEGIN} marker; table not written", file=sys.stderr)
-        print(table)
-        return 1
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    MD.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    text = replace_between(MD.read_text(), "aims", table)
+    MD.write_text(replace_between(text, "ablation", ablation_table(all_rows)))
     print(table)
     return 0
 
