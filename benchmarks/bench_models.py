@@ -9,7 +9,8 @@ epoch and early-stops (patience from params.yaml), the test split is scored once
 A run is `model`, `model:loss`, and either may end in `@key=value,...` to override a model or train setting
 for that run only (ablations: `bert4rec@mask_prob=0.2,lr=0.001`). `--max-minutes` bounds one run's training (the best checkpoint so far is
 kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the table, never hidden).
-`--seeds N` trains each run with N seeds (train.seed, train.seed + 1, ...), one row per seed.
+`--seeds N` trains each run with N seeds (train.seed, train.seed + 1, ...), one row per seed; `--seed-offset K`
+starts at train.seed + K (to spread one run's seeds over several processes).
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -234,6 +235,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=["mostpop", "sasrec:ce"])
     parser.add_argument("--max-minutes", type=float, default=0.0)
     parser.add_argument("--seeds", type=int, default=1, help="seeds per run: train.seed, train.seed + 1, ...")
+    parser.add_argument("--seed-offset", type=int, default=0,
+                        help="start at train.seed + this (several processes sharing one run's seeds)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -250,7 +253,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         work = Path(tmp)
         save(prepared, work / "prepared")
-        for run, offset in ((run, offset) for run in args.runs for offset in range(args.seeds)):
+        offsets = range(args.seed_offset, args.seed_offset + args.seeds)
+        for run, offset in ((run, offset) for run in args.runs for offset in offsets):
             row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device, offset)
             row.update(dataset=args.dataset, machine=machine(), commit=commit,
                        command=" ".join([Path(sys.executable).name, *sys.argv]),

@@ -219,3 +219,29 @@ def test_config_rejects_unknown_arrangements():
         SASRecConfig(weight_init="kaiming")
     with pytest.raises(ValueError, match="divisible"):
         SASRecConfig(dim=10, n_heads=3)
+
+
+def test_item_dropout_drops_one_table_shared_by_inputs_and_outputs(monkeypatch):
+    model = make_model(item_dropout=0.5)
+    tables = []
+    original = SASRec.item_table
+
+    def spy(self):
+        tables.append(original(self))
+        return tables[-1]
+
+    monkeypatch.setattr(SASRec, "item_table", spy)
+    torch.manual_seed(0)
+    loss = model.loss(chain_batch())
+    assert torch.isfinite(loss) and len(tables) == 1  # one dropped table per step, inputs and outputs alike
+    dropped = (tables[0] == 0).float().mean().item()
+    assert 0.3 < dropped < 0.7  # about half the entries of the table are dropped while training
+    model.eval()
+    assert torch.equal(original(model), model.item_emb.weight)  # no dropout when scoring
+    loss.backward()
+    assert model.item_emb.weight.grad[0].abs().sum() == 0  # padding never learns
+
+
+def test_item_dropout_is_validated():
+    with pytest.raises(ValueError, match="item_dropout"):
+        SASRecConfig(item_dropout=1.0)

@@ -46,12 +46,17 @@ class SASRecConfig:
     residual: Literal["reference", "pre_ln"] = "reference"
     weight_init: Literal["normal", "xavier"] = "normal"
     emb_scale: bool = True  # item embeddings × √dim at the input
+    # Dropout on the item embedding table itself while training: one dropped table per step serves both the
+    # input lookup and the output softmax (RecTools' item net), a regulariser of the output layer too.
+    item_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
         if self.residual not in ("reference", "pre_ln"):
             raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
+        if not 0.0 <= self.item_dropout < 1.0:
+            raise ValueError(f"item_dropout must be in [0, 1), got {self.item_dropout}")
         if self.weight_init not in ("normal", "xavier"):
             raise ValueError(f"weight_init must be 'normal' or 'xavier', got {self.weight_init!r}")
 
@@ -115,9 +120,15 @@ class SASRec(SequentialModel):
         self.final_norm = nn.LayerNorm(d)
         self.apply(_init_weights if config.weight_init == "normal" else _xavier_init)
 
-    def forward(self, batch: Batch, last_only: bool = False) -> torch.Tensor:
+    def item_table(self) -> torch.Tensor:
+        """(I + 1, D) item embeddings as this step sees them: with `item_dropout` while training."""
+        return F.dropout(self.item_emb.weight, self.config.item_dropout, self.training)
+
+    def forward(self, batch: Batch, last_only: bool = False, table: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L, D) outputs; `table` is the item embedding table to look the inputs up in (default: this
+        step's `item_table()`)."""
         items = batch.items[:, -self.config.max_len :]  # (B, L)
-        x = self.item_emb(items)  # (B, L, D)
+        x = F.embedding(items, self.item_table() if table is None else table, padding_idx=0)  # (B, L, D)
         if self.config.emb_scale:
             x = x * math.sqrt(self.config.dim)
         x = x + self.pos_emb(positions_from_end(items))
@@ -128,11 +139,11 @@ class SASRec(SequentialModel):
         return self.final_norm(x)  # (B, L, D)
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        hidden = self(batch)  # (B, L, D)
+        emb = self.item_table()  # (I + 1, D): one table for inputs and outputs
+        hidden = self(batch, table=emb)  # (B, L, D)
         targets = batch.targets[:, -self.config.max_len :]
         keep = targets > 0
         h, y = hidden[keep], targets[keep]  # (N, D), (N,)
-        emb = self.item_emb.weight  # (I + 1, D)
         cfg = self.config
         if cfg.loss == "ce":  # full softmax over the real items (padding column left out)
             return linear_cross_entropy(h, emb[1:], y - 1)
