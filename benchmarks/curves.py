@@ -42,6 +42,7 @@ ABLATION = (
     (f"{REF},item_dropout=0.2", _R2, "dropout 0.2 on the item table, inputs and outputs (RecTools); no clipping"),
     (SASREC_DEFAULT_RUN, _R2, "train on the whole history (all max_len+1 windows); no clipping"),
     (f"{SASREC_DEFAULT_RUN},dropout=0.3", SASREC_DEFAULT_RUN, "dropout 0.3 (from 0.2)"),
+    (f"{SASREC_DEFAULT_RUN},dim=128", SASREC_DEFAULT_RUN, "dim 128 (from 64)"),
     (f"{REF},weight_init=xavier,emb_scale=false", _R2, "RecTools' init (Xavier everywhere), no √d scale; no clipping"),
 )
 
