@@ -43,6 +43,7 @@ ABLATION = (
     (SASREC_DEFAULT_RUN, _R2, "train on the whole history (all max_len+1 windows); no clipping"),
     (f"{SASREC_DEFAULT_RUN},dropout=0.3", SASREC_DEFAULT_RUN, "dropout 0.3 (from 0.2)"),
     (f"{SASREC_DEFAULT_RUN},dim=128", SASREC_DEFAULT_RUN, "dim 128 (from 64)"),
+    (f"{SASREC_DEFAULT_RUN},min_epochs=100", SASREC_DEFAULT_RUN, "no early stop before epoch 100"),
     (f"{REF},weight_init=xavier,emb_scale=false", _R2, "RecTools' init (Xavier everywhere), no √d scale; no clipping"),
 )
 
@@ -162,7 +163,7 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
 
 def ablation_table(all_rows: list[dict]) -> str:
     lines = ["| dataset | run | change (vs the run named) | seeds | test NDCG@10 | test HR@10 | valid NDCG@10 "
-             "| best epoch | Δ test NDCG@10 vs base |", "|---|---|---|---|---|---|---|---|---|"]
+             "| best epoch | Δ test NDCG@10 vs base, same seeds |", "|---|---|---|---|---|---|---|---|---|"]
     for dataset in sorted({r["dataset"] for r in all_rows}):
         rows: dict[str, list[dict]] = {}
         for r in all_rows:
@@ -174,10 +175,14 @@ def ablation_table(all_rows: list[dict]) -> str:
             rs = rows[run]
             test = [r["test_ndcg@10"] for r in rs]
             delta = ""
-            if base in rows:
-                delta = f"{np.mean(test) - np.mean([r['test_ndcg@10'] for r in rows[base]]):+.4f}"
+            shared = {seed(r) for r in rs} & {seed(r) for r in rows.get(base, [])}
+            if shared:  # the same seeds on both sides: a seed's luck is not counted as an effect
+                a = np.mean([r["test_ndcg@10"] for r in rs if seed(r) in shared])
+                b = np.mean([r["test_ndcg@10"] for r in rows[base] if seed(r) in shared])
+                delta = f"{a - b:+.4f} (seeds {', '.join(map(str, sorted(shared)))})"
             lines.append(
-                f"| {dataset} | `{run}` | {change}{f' (vs `{base}`)' if base else ''} | {len(rs)} "
+                f"| {dataset} | `{run}` | {change}{f' (vs `{base}`)' if base else ''} "
+                f"| {', '.join(str(seed(r)) for r in rs)} "
                 f"| {mean_sd(test, 4)} | {mean_sd([r['test_hr@10'] for r in rs], 4)} "
                 f"| {mean_sd([r['valid_ndcg@10'] for r in rs], 4)} | {mean_sd([r['best_epoch'] for r in rs], 0)} "
                 f"| {delta} |"
