@@ -140,7 +140,8 @@ class Params:
 
     def model_config(self, name: str) -> Any:
         if name not in self.model_configs:
-            raise ConfigError(f"model {name!r} has no section in params.yaml")
+            raise ConfigError(f"unknown model {name!r}: params.yaml has no section for it; known models are "
+                              f"{sorted(self.model_configs)}")
         return self.model_configs[name]
 
     def train_config(self, name: str) -> TrainConfig:
