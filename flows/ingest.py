@@ -11,62 +11,50 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.artifacts import publish_ingest
+from flows.errors import add_verbose_flag, retry_if_transient, run_main
+from recsys.bootstrap import ensure_raw_store
 from recsys.config import load_params
+from recsys.layout import Layout
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
 
-@task(name="ingest-inbox", retries=2, retry_delay_seconds=5)
-def ingest_inbox_task(repo_root: str, params_file: str, inbox: str | None) -> list[dict[str, Any]]:
+@task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
+def bootstrap(repo_root: str) -> str:
+    """The raw store exists before batches are appended to it (generated on a fresh clone)."""
+    return ensure_raw_store(Path(repo_root))
+
+
+@task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
+def ingest_inbox_task(repo_root: str, inbox: str | None) -> list[dict[str, Any]]:
     from recsys.ingest import ingest_inbox
 
-    config = load_params(Path(repo_root) / params_file).ingest
+    config = load_params(Layout(Path(repo_root)).params).ingest
     if inbox:
         config = dataclasses.replace(config, inbox=inbox)
     return [dataclasses.asdict(s) for s in ingest_inbox(Path(repo_root), config)]
 
 
-def publish(summaries: list[dict[str, Any]]) -> None:
-    if not summaries:
-        create_markdown_artifact("# Ingest\n\nThe inbox was empty: nothing to validate.", key="validation-summary",
-                                 description="Great Expectations validation of each batch")
-        return
-    create_table_artifact(
-        [{k: s.get(k) for k in ("source", "status", "rows_in", "rows_accepted", "rows_quarantined",
-                                "rows_duplicate", "data_version")} for s in summaries],
-        key="ingest-batches", description="Batches ingested in this run",
-    )
-    parts = ["# Ingest: validation summary", ""]
-    for s in summaries:
-        parts += [f"## {s['source']}: {s['status']}", "", s["message"], ""]
-        report = s.get("report_markdown")
-        if report and Path(report).is_file():
-            parts += [Path(report).read_text(encoding="utf-8"), ""]
-    create_markdown_artifact("\n".join(parts), key="validation-summary",
-                             description="Great Expectations validation of each batch")
-
-
 @flow(name="ingest", log_prints=True)
-def ingest(inbox: str | None = None, repo_root: str = str(ROOT), params_file: str = "params.yaml") -> dict[str, Any]:
+def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, Any]:
     """Validate and append every batch waiting in the inbox.
 
     Args:
         inbox: inbox folder (default: params.yaml `ingest.inbox`, relative to the repository).
-        repo_root: the repository (DVC workspace) to ingest into.
-        params_file: params file name inside the repository.
+        repo_root: the repository (DVC workspace) to ingest into; its params.yaml is read.
     """
     logger = get_run_logger()
-    summaries = ingest_inbox_task(repo_root, params_file, inbox)
+    bootstrap(repo_root)
+    summaries = ingest_inbox_task(repo_root, inbox)
     for s in summaries:
         (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
-    publish(summaries)
+    publish_ingest(summaries)
     versions = [s["data_version"] for s in summaries if s.get("data_version")]
     return {
         "batches": len(summaries),
@@ -79,10 +67,14 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT), params_file: st
     }
 
 
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    parser = argparse.ArgumentParser(description="run the ingest flow")
-    parser.add_argument("--inbox")
+def main(argv: list[str] | None = None) -> None:
+    parser = add_verbose_flag(argparse.ArgumentParser(description="run the ingest flow"))
+    parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
     parser.add_argument("--repo-root", default=str(ROOT))
-    args = parser.parse_args()
-    print(json.dumps(ingest(inbox=args.inbox, repo_root=args.repo_root), indent=2, default=str))
+    args = parser.parse_args(argv)
+    summary = run_main(lambda: ingest(inbox=args.inbox, repo_root=args.repo_root), args.verbose)
+    print(json.dumps(summary, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

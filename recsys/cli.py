@@ -1,12 +1,14 @@
 """`recsys` command line. Arguments carry names and paths only; hyperparameters live in params.yaml.
 
-Errors the user can fix (bad config, bad input, missing files) print one clear line and exit 1 — no traceback.
+Errors the user can fix (bad config, bad input, missing files) print one clear line and exit 1 — no traceback
+unless `--verbose` (`recsys --verbose COMMAND ...`) asks for one.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,13 +16,21 @@ from typing import Optional
 import typer
 
 from recsys.config import load_params, validate_name
-from recsys.entry import user_errors
+from recsys.entry import VERBOSE_ENV, report_user_error, user_errors, verbose_requested
+from recsys.layout import DATA
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: generate, download, import into the raw store.")
 app.add_typer(data_app, name="data")
 
 PARAMS = typer.Option(Path("params.yaml"), "--params", help="params.yaml to read")
+
+
+@app.callback()
+def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logs, and tracebacks on errors")):
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # also reaches the stages `dvc` runs for us
+        logging.getLogger().setLevel(logging.DEBUG)
 
 
 def _setup_logging(verbose: bool = False) -> None:
@@ -31,7 +41,7 @@ def _setup_logging(verbose: bool = False) -> None:
 
 @data_app.command("generate")
 def data_generate(
-    out: Path = typer.Option(Path("data"), help="raw store directory to write"),
+    out: Path = typer.Option(Path(DATA), help="raw store directory to write"),
     params: Path = PARAMS,
 ) -> None:
     """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part."""
@@ -75,7 +85,7 @@ def data_download(
 def data_import(
     source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
     path: Path = typer.Argument(..., help="dataset folder or file"),
-    out: Path = typer.Option(Path("data"), help="raw store directory to (re)write"),
+    out: Path = typer.Option(Path(DATA), help="raw store directory to (re)write"),
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
 ) -> None:
     """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
@@ -105,21 +115,9 @@ def data_import(
 @app.command()
 def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> None:
     """Make sure the raw store exists: `dvc pull` it, or generate the default dataset and version it."""
-    from recsys.data import generate, write_store
-    from recsys.workspace import run_dvc
+    from recsys.bootstrap import ensure_raw_store
 
-    store = root / "data" / "interactions"
-    if store.is_dir() and any(store.glob("*.parquet")):
-        typer.echo("raw store present")
-        return
-    pulled = run_dvc(root, "pull", "data.dvc", "--quiet", check=False)
-    if pulled.returncode == 0 and store.is_dir() and any(store.glob("*.parquet")):
-        typer.echo("raw store pulled from the DVC remote")
-        return
-    write_store(generate(load_params(root / "params.yaml").generate), root / "data")
-    run_dvc(root, "add", "data", "--quiet")  # raises DvcError (reported as one line) on failure
-    run_dvc(root, "push", "data.dvc", "--quiet")
-    typer.echo("generated the default dataset into data/ and versioned it with DVC")
+    typer.echo(ensure_raw_store(root))
 
 
 @app.command()
@@ -165,7 +163,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except user_errors() as err:
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        report_user_error(err, verbose_requested())
         sys.exit(1)
     except (typer.Exit, SystemExit) as done:
         sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))

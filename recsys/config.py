@@ -15,8 +15,10 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from recsys.layout import PARAMS
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PARAMS = Path("params.yaml")  # relative: entry points run from the repository root, as DVC does
+DEFAULT_PARAMS = Path(PARAMS)  # relative: entry points run from the repository root, as DVC does
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -160,7 +162,8 @@ class Params:
 
     def model_config(self, name: str) -> Any:
         if name not in self.model_configs:
-            raise ConfigError(f"model {name!r} has no section in params.yaml")
+            raise ConfigError(f"unknown model {name!r}: params.yaml has no section for it; known models are "
+                              f"{sorted(self.model_configs)}")
         return self.model_configs[name]
 
     def train_config(self, name: str) -> TrainConfig:

@@ -1,19 +1,29 @@
 """Entry points: the per-model stage arguments, and errors a user can fix (bad config, bad input, missing
-files) reported as one clear line with exit code 1 — no traceback."""
+files) reported as one clear line with exit code 1 — no traceback unless asked for (`--verbose` on the CLI
+and the flows, `RECSYS_VERBOSE=1` for the stages `dvc repro` runs).
+
+The same classification decides what the flows retry: a user error is deterministic (running it again
+gives the same error), so only other failures — and DVC failures marked `transient` — are retried."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable
+
+from recsys.layout import PARAMS
 
 _USER_ERRORS = [
     ("recsys.config", "ConfigError"), ("recsys.data", "DataError"), ("recsys.prepare", "PrepareError"),
     ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
     ("recsys.registry", "RegistryError"), ("recsys.workspace", "DvcError"),
+    ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
 ]
+VERBOSE_ENV = "RECSYS_VERBOSE"
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -27,15 +37,35 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def is_user_error(err: BaseException) -> bool:
+    return isinstance(err, user_errors())
+
+
+def is_transient(err: BaseException) -> bool:
+    """Worth retrying: anything but a user error, or one that says it may pass (a DVC lock, a remote)."""
+    return bool(getattr(err, "transient", not is_user_error(err)))
+
+
+def verbose_requested() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def report_user_error(err: BaseException, verbose: bool = False) -> None:
+    """The one line a person acts on (after the traceback, when asked for one)."""
+    if verbose:
+        traceback.print_exception(err)
+    print(f"error: {err}", file=sys.stderr)
+
+
 def run_entry(main: Callable[[], None]) -> None:
     """Run a stage's `main()` (what `dvc repro` calls) with logging set up and user errors reported plainly."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         main()
     except Exception as err:
-        if not isinstance(err, user_errors()):
+        if not is_user_error(err):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        report_user_error(err, verbose_requested())
         sys.exit(1)
 
 
@@ -45,7 +75,7 @@ def model_stage_args(description: str, argv: list[str] | None = None):
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default=PARAMS)
     parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
     return validate_name(args.model, "model name"), load_params(args.params), Path(args.root)

@@ -24,6 +24,7 @@ import torch
 from recsys.config import EvaluateConfig
 from recsys.device import resolve_device
 from recsys.entry import model_stage_args
+from recsys.layout import Layout
 from recsys.metrics import per_user_metrics
 from recsys.prepare import Prepared, load
 from recsys.ranking import rank_targets, summarise
@@ -117,11 +118,11 @@ def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, e
 
 def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("evaluate stage: score the test split once", argv)
+    paths = Layout(root)
     device = resolve_device(params.train_config(name).device)
-    result = evaluate_checkpoint(root / "artifacts" / "models" / name, root / "artifacts" / "prepared", "test",
-                                 params.evaluate, device=str(device))
-    train_summary = json.loads((root / "artifacts" / "models" / name / "model.json").read_text())
-    write_outputs(result, root / "metrics" / f"{name}.json", root / "artifacts" / "eval" / name / "per_user.parquet",
+    result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate, device=str(device))
+    train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())
+    write_outputs(result, paths.metrics(name), paths.per_user(name),
                   {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})
     log.info("evaluate model=%s split=test %s", name,
              " ".join(f"{k}={v:.4f}" for k, v in result.metrics.items() if isinstance(v, float)))

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from recsys import schema
+from recsys import layout, schema
 from recsys.config import PrepareConfig, load_params
 
 log = logging.getLogger(__name__)
@@ -101,17 +101,27 @@ def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig)
     return roles
 
 
+def _kcore_name(config: PrepareConfig) -> str:
+    u, i = config.min_user_interactions, config.min_item_interactions
+    return f"{u}-core filter" if u == i else f"k-core filter (users ≥ {u}, items ≥ {i})"
+
+
+def _thresholds(config: PrepareConfig) -> str:
+    return (f"prepare.min_user_interactions / min_item_interactions in params.yaml "
+            f"(now {config.min_user_interactions}/{config.min_item_interactions})")
+
+
 def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFrame | None = None) -> Prepared:
     if len(interactions) == 0:
-        raise PrepareError("no interactions to prepare")
+        raise PrepareError("no interactions to prepare: the raw store is empty (`recsys bootstrap` fills it)")
     frame = interactions[[schema.USER, schema.ITEM, schema.TIMESTAMP]].copy()
     frame["seq"] = np.arange(len(frame), dtype=np.int64)
+    n_in, users_in, items_in = len(frame), frame[schema.USER].nunique(), frame[schema.ITEM].nunique()
     frame = k_core(frame, config.min_user_interactions, config.min_item_interactions)
+    log.info("%s kept %d of %d events, %d of %d users, %d of %d items", _kcore_name(config), len(frame), n_in,
+             frame[schema.USER].nunique(), users_in, frame[schema.ITEM].nunique(), items_in)
     if len(frame) == 0:
-        raise PrepareError(
-            f"the k-core filter (users ≥ {config.min_user_interactions}, items ≥ "
-            f"{config.min_item_interactions}) removed every interaction"
-        )
+        raise PrepareError(f"{_kcore_name(config)} kept 0 of {n_in:,} events; lower {_thresholds(config)}")
     frame = stable_time_order(frame)
     # Dense ids by first appearance in time order: deterministic and independent of id spelling.
     user_ids = pd.unique(frame[schema.USER])
@@ -125,6 +135,10 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
     roles = assign_roles(user, timestamp, config)
     events = pd.DataFrame({"user": user, "item": frame["item"].to_numpy(), "timestamp": timestamp, "role": roles})
     events = events[events.role >= 0].reset_index(drop=True)
+    counts = events["role"].value_counts()
+    n_valid, n_test = int(counts.get(VALID, 0)), int(counts.get(TEST, 0))
+    log.info("%s split kept %d of %d events: %d validation and %d test targets", config.split, len(events),
+             len(frame), n_valid, n_test)
 
     items = pd.DataFrame({"item": np.arange(1, len(item_ids) + 1, dtype=np.int32), "item_id": item_ids.astype(str)})
     items["title"] = None
@@ -133,6 +147,23 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
         items["title"] = items["item_id"].map(lookup)
     users = pd.DataFrame({"user": np.arange(1, len(user_ids) + 1, dtype=np.int32), "user_id": user_ids.astype(str)})
     return Prepared(events, items, users, fingerprint_of(events, items, users, config))
+
+
+def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
+    """The stage refuses a dataset with no validation or test target: nothing downstream could run on it."""
+    fp = prepared.fingerprint
+    if fp["n_valid"] and fp["n_test"]:
+        return
+    n_events, n_users = fp["n_events"], fp["n_users"]
+    if config.split == "loo":
+        raise PrepareError(
+            f"dataset too small to split: after the {_kcore_name(config)} {n_users:,} users with {n_events:,} "
+            "events remain and none has the 3 events leave-one-out needs (train, validation, test); add data "
+            f"or lower {_thresholds(config)}")
+    raise PrepareError(
+        "dataset too small to split: no user has events both before and after the global_time cutoffs; "
+        f"change prepare.valid_quantile / test_quantile in params.yaml (now {config.valid_quantile}/"
+        f"{config.test_quantile})")
 
 
 def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFrame, config: PrepareConfig) -> dict:
@@ -187,13 +218,18 @@ def main(argv: list[str] | None = None) -> None:
     from recsys.store import read_store
 
     parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--store", default="data")
-    parser.add_argument("--out", default="artifacts/prepared")
+    parser.add_argument("--params", default=layout.PARAMS)
+    parser.add_argument("--store", default=layout.DATA)
+    parser.add_argument("--out", default=layout.PREPARED)
     args = parser.parse_args(argv)
     params = load_params(args.params)
     store = Path(args.store)
-    prepared = prepare(read_store(store), params.prepare, read_titles(store))
+    interactions = read_store(store)
+    if len(interactions) == 0:
+        raise PrepareError(f"no interactions in the raw store {store}/: run `recsys bootstrap` first (it runs "
+                           "`dvc pull`, or generates the default dataset)")
+    prepared = prepare(interactions, params.prepare, read_titles(store))
+    require_targets(prepared, params.prepare)
     save(prepared, args.out)
     fp = prepared.fingerprint
     log.info("prepared users=%d items=%d events=%d valid=%d test=%d fingerprint=%s", fp["n_users"],

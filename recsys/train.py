@@ -31,6 +31,7 @@ from recsys.checkpoint import save_checkpoint
 from recsys.config import TrainConfig
 from recsys.device import resolve_device
 from recsys.entry import model_stage_args
+from recsys.layout import RESUME, Layout
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
@@ -179,7 +180,7 @@ def train_model(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
                                  fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(cfg.seed)
-    resume = _Resume(Path(resume_root or Path(".resume")), run_key(model_name, model_config, cfg, fingerprint))
+    resume = _Resume(Path(resume_root or RESUME), run_key(model_name, model_config, cfg, fingerprint))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr}
@@ -290,10 +291,10 @@ def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("train stage: prepared dataset → best checkpoint", argv)
+    paths = Layout(root)
     result = train_model(
-        name, params.model_config(name), params.train_config(name), root / "artifacts" / "prepared",
-        root / "artifacts" / "models" / name, curve_path=root / "plots" / f"{name}.csv",
-        resume_root=root / ".resume",
+        name, params.model_config(name), params.train_config(name), paths.prepared, paths.model_dir(name),
+        curve_path=paths.curve(name), resume_root=paths.resume,
     )
     log.info("trained model=%s best_epoch=%d valid_ndcg@10=%.4f seconds=%.1f stopped_by=%s", name,
              result.best_epoch, result.best_valid.get(SELECTION_METRIC, float("nan")), result.seconds,

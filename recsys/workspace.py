@@ -13,19 +13,45 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import yaml
 
+from recsys.layout import DATA_DVC, STATE
+
 log = logging.getLogger(__name__)
 
-STATE_DIR = ".ingest"  # git-ignored; shared with recsys.ingest, whose journal lives here too
+STATE_DIR = STATE  # git-ignored; shared with recsys.ingest, whose journal lives here too
 FAULT_ENV = "RECSYS_FAULT"
 
 
 class DvcError(RuntimeError):
-    pass
+    """A `dvc` command failed. Transient by default (a lock held by another run, an unreachable remote)."""
+
+    transient = True
+
+
+class StageError(DvcError):
+    """A stage of `dvc repro` failed; the message is the stage's own `error:` line when it printed one.
+    Deterministic: running the same stage on the same inputs fails the same way."""
+
+    transient = False
+
+
+def stage_error(args: tuple[str, ...], output: str) -> DvcError:
+    """The error for a failed `dvc` run: a stage's one-line `error:` (a user error it reported), or the tail."""
+    lines = output.splitlines()
+    stage_lines = [line[len("error: "):] for line in lines if line.startswith("error: ")]
+    failed = [line for line in lines if "failed to reproduce" in line]
+    if stage_lines:
+        stage = failed[-1].split("'")[1] if failed and "'" in failed[-1] else "a stage"
+        return StageError(f"{stage}: {stage_lines[-1]}")
+    if failed:
+        return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
+    return DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
 
 
 def fault_point(name: str) -> None:
@@ -48,10 +74,28 @@ def dvc_command(*args: str) -> list[str]:
     return [executable, *args] if executable else [sys.executable, "-m", "dvc", *args]
 
 
-def run_dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(dvc_command(*args), cwd=root, env=subprocess_env(), capture_output=True, text=True)
+def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None] | None = None,
+            interval: float = 2.0) -> subprocess.CompletedProcess[str]:
+    """Run `dvc ARGS` at `root`; with `check`, a failure raises `DvcError` (`StageError` when a stage failed).
+
+    `watch()` is called every `interval` seconds while it runs (the retrain flow reports training progress
+    this way); stdout and stderr then arrive merged, in order, in `stdout`.
+    """
+    if watch is None:
+        done = subprocess.run(dvc_command(*args), cwd=root, env=subprocess_env(), capture_output=True, text=True)
+    else:
+        proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        while proc.poll() is None:
+            time.sleep(interval)
+            watch()
+        reader.join(timeout=10)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
     if check and done.returncode != 0:
-        raise DvcError(f"`dvc {' '.join(args)}` failed:\n{(done.stderr or done.stdout).strip()[-2000:]}")
+        raise stage_error(args, f"{done.stdout}\n{done.stderr}")
     return done
 
 
@@ -68,7 +112,7 @@ def workspace_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def data_version(root: Path, dvc_file: str = "data.dvc") -> str | None:
+def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:
     """The md5 DVC recorded for the raw store (`<md5>.dir`), i.e. the dataset version."""
     path = Path(root) / dvc_file
     if not path.is_file():

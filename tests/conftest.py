@@ -13,20 +13,18 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from flow_support import REPO_ROOT, merge_params
 from recsys.config import GenerateConfig, PrepareConfig, TrainConfig
 
 # Tiny models on a shared 2-core machine: intra-op threads only add contention (a 5-epoch SASRec run on the
 # tiny dataset takes ~0.2 s with one thread and 10 s+ with two when the other core is busy).
 torch.set_num_threads(1)
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TINY_GENERATE = GenerateConfig(n_users=40, n_items=30, mean_events_per_user=12, n_clusters=3, days=30, seed=1)
 TINY_PREPARE = PrepareConfig(min_user_interactions=3, min_item_interactions=3)
@@ -115,16 +113,6 @@ def trained_sasrec(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_pat
     return result, root / "model"
 
 
-def _merge(base: dict, override: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 TINY_PARAMS_OVERRIDES = {
     "models": ["mostpop", "sasrec"],
     "generate": {"n_users": 40, "n_items": 30, "mean_events_per_user": 12, "n_clusters": 3, "days": 30,
@@ -146,7 +134,7 @@ def write_params(repo_root, tmp_path):
 
     def write(overrides: dict | None = None, path: Path | None = None) -> Path:
         path = Path(path or tmp_path / "params.yaml")
-        merged = _merge(_merge(base, TINY_PARAMS_OVERRIDES), overrides or {})
+        merged = merge_params(merge_params(base, TINY_PARAMS_OVERRIDES), overrides or {})
         path.write_text(yaml.safe_dump(merged, sort_keys=False))
         return path
 

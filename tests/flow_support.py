@@ -1,9 +1,13 @@
-"""Support for the end-to-end tests (no tests here): a fresh clone of the repository in miniature."""
+"""Helpers shared by the tests (no tests here): params merging, a fresh clone of the repository in miniature,
+running commands and flows in it. Fixtures live in conftest.py; ingest and registry helpers in their own
+test_*_support modules."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +28,14 @@ FLOW_PARAMS = {
 }
 
 
-def _merge(base: dict, override: dict) -> dict:
-    out = dict(base)
+def merge_params(base: dict, override: dict) -> dict:
+    """`base` with `override` merged in: nested mappings merge, anything else replaces. `base` is not changed."""
+    out = copy.deepcopy(base)
     for key, value in override.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_params(out[key], value)
+        else:
+            out[key] = value
     return out
 
 
@@ -38,6 +46,17 @@ def subprocess_env(prefect_home: Path | None = None) -> dict[str, str]:
     if prefect_home is not None:
         env["PREFECT_HOME"] = str(prefect_home)
     env.pop("PREFECT_API_URL", None)
+    return env
+
+
+TELEMETRY_ENV = ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "GX_ANALYTICS_ENABLED")
+
+
+def flow_env(home: Path) -> dict[str, str]:
+    """A user's shell: the venv on PATH and nothing else — no telemetry switches, no timeouts of ours."""
+    env = subprocess_env(home / "prefect-home")
+    for name in (*TELEMETRY_ENV, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "RECSYS_VERBOSE"):
+        env.pop(name, None)
     return env
 
 
@@ -62,11 +81,15 @@ def remote_of(repo: Path) -> Path:
     return repo.parent / f"{repo.name}-remote"
 
 
-def make_repo(target: Path, overrides: dict | None = None) -> Path:
-    """`clone_repo`, small params (FLOW_PARAMS + `overrides`), and the raw store bootstrapped."""
+def make_repo(target: Path, overrides: dict | None = None, bootstrap: bool = True) -> Path:
+    """`clone_repo`, small params (FLOW_PARAMS + `overrides`), and (unless told not to) the raw store
+    bootstrapped."""
     clone_repo(target)
-    params = _merge(_merge(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), FLOW_PARAMS), overrides or {})
+    params = merge_params(merge_params(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), FLOW_PARAMS),
+                          overrides or {})
     (target / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    if not bootstrap:
+        return target
     done = subprocess.run(["recsys", "bootstrap", "--root", str(target)], cwd=target, env=subprocess_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -88,3 +111,27 @@ def registry_for(repo: Path):
 
     params = load_params(repo / "params.yaml")
     return open_registry(params.registry, repo, params.gate)
+
+
+def sh(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> str:
+    """Run a command (the venv's `dvc`, `recsys`, … first on PATH); its combined output, asserting success."""
+    done = subprocess.run(args, cwd=cwd, env=env or subprocess_env(), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(args)} failed ({done.returncode}):\n{output}"
+    return output
+
+
+def run_flow_process(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int = 900) -> tuple[int, str]:
+    """Run a flow in its own process group, output to a file (not a pipe: a process killed at a fault point
+    leaves its ephemeral API server orphaned, holding any pipe open), then end whatever it left behind."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return code, log.read_text()

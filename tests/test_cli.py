@@ -160,3 +160,52 @@ def test_data_import_refuses_to_mix_a_dataset_with_ingested_batches(monkeypatch,
     code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "movielens-100k", str(ratings.parent),
                            "--out", str(tiny_store))
     assert code == 0 and "wrote 9 interactions" in out
+
+
+# --- errors a person can act on: one line with the numbers and the setting; --verbose adds the traceback ---
+
+def _store_in_cwd(monkeypatch, tmp_path, frame) -> None:
+    from recsys.data import Generated, write_store
+
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)  # the stage resolves data/ and artifacts/ against the working directory
+    write_store(Generated(frame, pd.DataFrame(columns=["item_id", "title"])), tmp_path / "data")
+
+
+def test_prepare_filter_that_keeps_nothing_names_the_numbers_and_the_setting(monkeypatch, capsys, tmp_path,
+                                                                              write_params, tiny_interactions):
+    params = write_params({"prepare": {"min_user_interactions": 1000, "min_item_interactions": 1000}})
+    _store_in_cwd(monkeypatch, tmp_path, tiny_interactions)
+    code, _, err = run_cli(monkeypatch, capsys, "prepare", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, f"1000-core filter kept 0 of {len(tiny_interactions):,} events",
+                          "prepare.min_user_interactions / min_item_interactions in params.yaml (now 1000/1000)")
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_prepare_of_a_dataset_too_small_to_split(monkeypatch, capsys, tmp_path, write_params):
+    import pandas as pd
+
+    two_each = pd.DataFrame({"user_id": ["a", "a", "b", "b"], "item_id": ["x", "y", "x", "y"],
+                             "timestamp": [1_700_000_000 + i for i in range(4)]})
+    params = write_params({"prepare": {"min_user_interactions": 1, "min_item_interactions": 1}})
+    _store_in_cwd(monkeypatch, tmp_path, two_each)
+    code, _, err = run_cli(monkeypatch, capsys, "prepare", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "too small to split", "2 users with 4 events", "(now 1/1)")
+
+
+def test_unknown_model_names_the_known_ones(monkeypatch, capsys, write_params):
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--model", "nosuch", "--params", str(write_params()))
+    assert code == 1
+    assert_one_line_error(err, "unknown model 'nosuch'", "'sasrec'")
+
+
+def test_verbose_adds_the_traceback_before_the_one_line(monkeypatch, capsys, write_params):
+    monkeypatch.setenv("RECSYS_VERBOSE", "0")  # restored after the test: --verbose sets it for the stages
+    code, _, err = run_cli(monkeypatch, capsys, "--verbose", "train", "--model", "nosuch", "--params",
+                           str(write_params()))
+    assert code == 1
+    assert "Traceback (most recent call last)" in err
+    assert err.strip().splitlines()[-1].startswith("error: unknown model 'nosuch'")

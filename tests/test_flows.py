@@ -5,9 +5,7 @@ Real Prefect runs (a session-scoped `prefect_test_harness`), real `dvc`, real GX
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flow_support import drop_batch, make_repo, registry_for, subprocess_env
+from flow_support import drop_batch, flow_env, make_repo, registry_for, run_flow_process, subprocess_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="session")
@@ -95,21 +93,6 @@ def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_har
     assert "train@sasrec" in summary["stages_run"]
 
 
-def run_flow_process(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int = 900) -> tuple[int, str]:
-    """Run a flow in its own process group, output to a file (not a pipe: a process killed at a fault point
-    leaves its ephemeral API server orphaned, holding any pipe open), then end whatever it left behind."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    return code, log.read_text()
-
-
 def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_after_rerun(tmp_path):
     """Kill the flow process at the fault point just before promotion, re-run it twice: one promotion."""
     repo = make_repo(tmp_path / "repo")
@@ -130,3 +113,54 @@ def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_afte
     assert len(promotions) == 1, events
     assert registry.champion_version() == promotions[0].candidate_version
     assert len(registry.list_versions()) == 1
+
+
+# --- entry points on a fresh clone, and failures as one line -------------------------------------------------
+
+def test_a_fresh_clone_runs_the_pipeline_flow_directly(tmp_path):
+    """Nothing bootstrapped, no telemetry settings: `python -m flows.pipeline` works, prints no traceback and
+    no telemetry error, and its closing line carries the NDCG@10 the gate used."""
+    repo = make_repo(tmp_path / "repo", bootstrap=False)
+    assert not (repo / "data").exists()
+    code, output = run_flow_process([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], repo,
+                                    flow_env(tmp_path), tmp_path / "pipeline.log", timeout=1500)
+    assert code == 0, output[-4000:]
+    assert "Traceback" not in output and "telemetry" not in output.lower(), output[-4000:]
+    decision = registry_for(repo).history()[0]
+    assert decision.decision == "promoted"
+    closing = [line for line in output.splitlines() if line.startswith("champion: version ")]
+    assert closing == [f"champion: version 1 (sasrec), test ndcg@10 = {decision.candidate_metric:.4f} "
+                       "(on the current test set, as the gate used it)"], output[-3000:]
+
+
+def _one_error_line(output: str) -> str:
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, output[-4000:]
+    return errors[0]
+
+
+def test_a_deterministic_stage_failure_ends_the_flow_in_one_line_without_a_retry(tmp_path):
+    from recsys.store import read_store
+
+    repo = make_repo(tmp_path / "repo", {"prepare": {"min_user_interactions": 1000,
+                                                     "min_item_interactions": 1000}})
+    n_events = len(read_store(repo / "data"))
+    code, output = run_flow_process([sys.executable, "-m", "flows.retrain", "--repo-root", str(repo)], repo,
+                                    flow_env(tmp_path), tmp_path / "retrain.log")
+    assert code == 1, output[-4000:]
+    assert _one_error_line(output) == (
+        f"error: prepare: 1000-core filter kept 0 of {n_events:,} events; lower prepare.min_user_interactions "
+        "/ min_item_interactions in params.yaml (now 1000/1000)")
+    assert "Traceback" not in output, output[-4000:]
+    assert output.count("Running stage 'prepare'") == 1 and "Retrying" not in output  # deterministic: once
+    assert output.rstrip().splitlines()[-1].startswith("error: "), output[-2000:]
+
+
+def test_bad_params_end_the_flow_in_one_line(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    params = (repo / "params.yaml").read_text()
+    (repo / "params.yaml").write_text(params.replace("\ntrain:\n", "\ntrain:\n  epochz: 3\n", 1))
+    code, output = run_flow_process([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], repo,
+                                    flow_env(tmp_path), tmp_path / "pipeline.log")
+    assert code == 1, output[-4000:]
+    assert "epochz" in _one_error_line(output) and "Traceback" not in output, output[-4000:]

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flow_support import clone_repo, remote_of, subprocess_env
+from flow_support import clone_repo, remote_of, sh, subprocess_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 METRICS = ("ndcg@10", "hr@10", "mrr")
 MODELS = ["mostpop", "sasrec", "bert4rec", "mojito"]
-
-
-def sh(args: list[str], cwd: Path, env: dict, timeout: int = 300) -> str:
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{' '.join(args)} failed ({done.returncode}):\n{output}"
-    return output
 
 
 def running_stages(output: str) -> set[str]:

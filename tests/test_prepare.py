@@ -323,3 +323,18 @@ def test_stage_main_reads_the_store(tiny_store, tiny_prepared, write_params, tmp
     params = write_params()
     main(["--params", str(params), "--store", str(tiny_store), "--out", str(tmp_path / "out")])
     assert load(tmp_path / "out").fingerprint == tiny_prepared.fingerprint
+
+
+def test_prepare_logs_what_each_filter_step_kept(tiny_generated, tiny_prepare_config, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="recsys.prepare"):
+        prepared = prepare(tiny_generated.interactions, tiny_prepare_config)
+    n_in = len(tiny_generated.interactions)
+    lines = [r.getMessage() for r in caplog.records if r.name == "recsys.prepare"]
+    kcore = [line for line in lines if line.startswith("3-core filter kept ")]
+    assert kcore and f" of {n_in} events" in kcore[0], lines
+    split = [line for line in lines if line.startswith("loo split kept ")]
+    fp = prepared.fingerprint
+    assert split == [f"loo split kept {fp['n_events']} of {fp['n_events']} events: {fp['n_valid']} validation "
+                     f"and {fp['n_test']} test targets"], lines

@@ -16,7 +16,7 @@ import pytest
 
 from flow_support import REPO_ROOT, make_repo, registry_for, subprocess_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOT_DIR = REPO_ROOT / "test-output"

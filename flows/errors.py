@@ -1,0 +1,74 @@
+"""How a flow fails: user errors as one line (no traceback unless `--verbose`), retries only when it may help.
+
+A user error (bad params, too little data, a stage's own `error:` line …; see `recsys.entry`) is
+deterministic — retrying gives the same answer — so `retry_if_transient` refuses it; other failures (a DVC
+lock held by another run, a flaky disk, a remote) are retried as each task declares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Callable
+
+from recsys.entry import VERBOSE_ENV, is_transient, is_user_error, report_user_error
+
+
+def _exception_of(state: Any) -> BaseException | None:
+    data = getattr(state, "data", None)
+    if isinstance(data, BaseException):
+        return data
+    try:
+        result = state.result(raise_on_failure=False)
+    except Exception as err:  # the stored result may itself be unreadable
+        return err
+    return result if isinstance(result, BaseException) else None
+
+
+def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect `retry_condition_fn`: retry unless the failure is a (deterministic) user error."""
+    exc = _exception_of(state)
+    return exc is None or is_transient(exc)
+
+
+class _HideUserErrorTracebacks(logging.Filter):
+    """Keeps Prefect's 'task failed' lines but drops their traceback when the exception is a user error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and is_user_error(exc):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def hide_user_error_tracebacks() -> None:
+    """On the console handlers Prefect and the root logger write to (not the API's: the UI keeps them)."""
+    hider = _HideUserErrorTracebacks()
+    for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.addFilter(hider)
+
+
+def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--verbose", "-v", action="store_true", help="tracebacks on errors, debug logs")
+    return parser
+
+
+def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
+    """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1."""
+    import os
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # the stages dvc runs print their tracebacks too
+    else:
+        hide_user_error_tracebacks()
+    try:
+        return run()
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        report_user_error(err, verbose)
+        sys.exit(1)

@@ -1,0 +1,76 @@
+"""Where every stage reads and writes, relative to the repository root: the one home of the pipeline layout.
+
+`dvc.yaml` is rendered from these names (`python -m recsys.dvc_graph`, checked by a test), the stages'
+`main()`s, the flows, the CLI and the tests all ask here, so a path is spelled once.
+
+    layout = Layout(root)
+    layout.model_dir("sasrec")      # <root>/artifacts/models/sasrec
+    MODEL_DIR.format(model="sasrec") # artifacts/models/sasrec (what dvc.yaml says)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Relative to the repository root. `{model}` is filled with a model name from params.yaml `models`.
+PARAMS = "params.yaml"  # the one params file: dvc.yaml's `params:` and every stage read it
+DATA = "data"  # the raw store (tracked by data.dvc, appended to by ingest)
+DATA_DVC = "data.dvc"
+PREPARED = "artifacts/prepared"
+MODEL_DIR = "artifacts/models/{model}"
+EVAL_DIR = "artifacts/eval/{model}"
+PER_USER = "artifacts/eval/{model}/per_user.parquet"
+METRICS = "metrics/{model}.json"
+CURVE = "plots/{model}.csv"
+RESUME = ".resume"  # trainer state after each epoch (git-ignored, outside DVC)
+STATE = ".ingest"  # workspace lock, ingest journal, params backup during an --epochs override
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout under one repository root, as absolute-or-relative `Path`s."""
+
+    root: Path = Path(".")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def params(self) -> Path:
+        return self.root / PARAMS
+
+    @property
+    def data(self) -> Path:
+        return self.root / DATA
+
+    @property
+    def data_dvc(self) -> Path:
+        return self.root / DATA_DVC
+
+    @property
+    def prepared(self) -> Path:
+        return self.root / PREPARED
+
+    @property
+    def resume(self) -> Path:
+        return self.root / RESUME
+
+    @property
+    def state(self) -> Path:
+        return self.root / STATE
+
+    def model_dir(self, model: str) -> Path:
+        return self.root / MODEL_DIR.format(model=model)
+
+    def eval_dir(self, model: str) -> Path:
+        return self.root / EVAL_DIR.format(model=model)
+
+    def per_user(self, model: str) -> Path:
+        return self.root / PER_USER.format(model=model)
+
+    def metrics(self, model: str) -> Path:
+        return self.root / METRICS.format(model=model)
+
+    def curve(self, model: str) -> Path:
+        return self.root / CURVE.format(model=model)

@@ -1,0 +1,123 @@
+"""What a retraining run decides around `dvc repro`: which models, which candidate, a one-run epochs override.
+
+Plain functions the retrain flow calls (the flow says *when*; this says *what*):
+`select_models` (params.yaml `models`, MostPop always in as the gate's baseline), `read_results` (each
+model's evaluate-stage metrics), `choose_candidate` (best by *validation* NDCG@10 — the test split is only
+measured), `training_progress` (from the training curves, while `dvc repro` runs) and `epochs_override`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recsys.config import ConfigError, Params, validate_name
+from recsys.layout import Layout
+
+BASELINE = "mostpop"
+SELECTION_METRIC = "ndcg@10"
+
+
+def select_models(params: Params, models: list[str] | None) -> list[str]:
+    """`models` (default: all in params.yaml), validated, with the baseline first when params lists it."""
+    selected = [validate_name(m, "model name") for m in (models or list(params.models))]
+    unknown = [m for m in selected if m not in params.models]
+    if unknown:
+        raise ConfigError(f"model(s) {unknown} are not in params.yaml `models` {list(params.models)}; add them "
+                          "there or choose among those")
+    if BASELINE in params.models and BASELINE not in selected:
+        selected = [BASELINE, *selected]
+    return selected
+
+
+def read_curve(path: Path) -> list[dict[str, float]]:
+    """A training curve (plots/<model>.csv) as rows of floats; [] while absent or half-written."""
+    if not path.is_file():
+        return []
+    try:
+        with path.open() as f:
+            return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    except (OSError, ValueError):
+        return []  # being rewritten right now; the next poll reads it
+
+
+def read_results(root: Path, models: list[str]) -> dict[str, dict[str, Any]]:
+    """Each model's test metrics (from the evaluate stage) and its validation metrics (from training)."""
+    out = {}
+    for m in models:
+        path = Layout(root).metrics(m)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} missing after dvc repro; run `dvc repro evaluate@{m}`")
+        out[m] = json.loads(path.read_text())
+    return out
+
+
+def choose_candidate(results: dict[str, dict[str, Any]]) -> str | None:
+    """The best model by validation NDCG@10 — never by test, which is only measured."""
+    scored = {m: (r.get("valid") or {}).get(SELECTION_METRIC) for m, r in results.items() if m != BASELINE}
+    scored = {m: s for m, s in scored.items() if isinstance(s, (int, float)) and s == s}
+    return max(scored, key=scored.get) if scored else None
+
+
+def training_progress(root: Path, params: Params, models: list[str], since: float) -> float:
+    """Share of the epoch budget done, from the training curves written after `since` (a wall-clock time).
+
+    DVC deletes a stage's outputs before running it, so a curve older than this run is stale."""
+    done = []
+    for m in models:
+        curve = Layout(root).curve(m)
+        fresh = curve.is_file() and curve.stat().st_mtime >= since
+        budget = max(params.train_config(m).epochs, 1)
+        done.append(min(len(read_curve(curve)) / budget, 1.0) if fresh else 0.0)
+    return sum(done) / max(len(done), 1)
+
+
+def _backup_of(params_path: Path) -> Path:
+    return Layout(params_path.parent).state / f"{params_path.name}.orig"
+
+
+class epochs_override:
+    """Temporarily set `train.epochs` (and per-model `train.epochs`) in params.yaml for one `dvc repro`.
+
+    DVC records the override in dvc.lock, so the next normal run retrains with the real value. The original
+    file is kept beside the lock and restored on exit — also by the next run if this one was killed.
+    """
+
+    def __init__(self, params_path: Path, epochs: int | None, models: list[str]):
+        self.path, self.epochs, self.models = Path(params_path), epochs, models
+        self.backup = _backup_of(self.path)
+
+    def __enter__(self):
+        restore_params(self.path)
+        if self.epochs is None:
+            return self
+        if self.epochs < 1:
+            raise ConfigError(f"epochs override must be ≥ 1, got {self.epochs}")
+        # PyYAML both ways (a YAML 1.2 writer would emit `off` unquoted, which 1.1 reads as false).
+        original = self.path.read_text(encoding="utf-8")
+        data = yaml.safe_load(original)
+        data["train"]["epochs"] = self.epochs
+        for m in self.models:
+            if isinstance(data.get(m), dict) and isinstance(data[m].get("train"), dict):
+                data[m]["train"]["epochs"] = self.epochs
+        self.backup.parent.mkdir(parents=True, exist_ok=True)
+        self.backup.write_text(original, encoding="utf-8")
+        # Comments are lost only for the duration of the run: the original bytes are restored on exit.
+        self.path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc):
+        restore_params(self.path)
+        return False
+
+
+def restore_params(params_path: Path) -> None:
+    """Put back the params file an interrupted `epochs_override` left rewritten."""
+    backup = _backup_of(Path(params_path))
+    if backup.is_file():
+        Path(params_path).write_text(backup.read_text(encoding="utf-8"), encoding="utf-8")
+        backup.unlink()

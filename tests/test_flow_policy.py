@@ -1,0 +1,57 @@
+"""How flows behave as processes: telemetry off wherever one starts, retries only for what may pass,
+tracebacks of user errors kept off the console (the end-to-end runs are in test_flows.py)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from flow_support import REPO_ROOT, TELEMETRY_ENV, flow_env
+from flows.errors import _HideUserErrorTracebacks, retry_if_transient
+from recsys.config import ConfigError
+from recsys.prepare import PrepareError
+from recsys.workspace import DvcError, StageError
+
+
+def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
+    code = "import os, flows; print([os.environ[n] for n in %r])" % (TELEMETRY_ENV,)
+    env = flow_env(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "['1', 'false', 'false']"
+    explicit = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**env, "DO_NOT_TRACK": "0"},
+                              capture_output=True, text=True, check=True)
+    assert explicit.stdout.strip() == "['0', 'false', 'false']"
+
+
+@pytest.mark.parametrize("exc, retried", [
+    (ConfigError("train: unknown key(s) ['epochz']"), False),
+    (PrepareError("5-core filter kept 0 of 9 events"), False),
+    (StageError("prepare: 5-core filter kept 0 of 9 events"), False),
+    (DvcError("Unable to acquire lock"), True),
+    (OSError("disk hiccup"), True),
+    (RuntimeError("a bug, maybe a flaky one"), True),
+])
+def test_prefect_retries_only_what_may_pass(exc, retried):
+    from prefect.states import Failed
+
+    assert retry_if_transient(None, None, Failed(data=exc)) is retried
+
+
+def _record(exc: BaseException) -> logging.LogRecord:
+    try:
+        raise exc
+    except BaseException:
+        return logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "Task run failed", None,
+                                 sys.exc_info())
+
+
+def test_console_keeps_the_line_but_drops_the_traceback_of_a_user_error_only():
+    hider = _HideUserErrorTracebacks()
+    user = _record(StageError("prepare: 5-core filter kept 0 of 9 events"))
+    assert hider.filter(user) and user.exc_info is None
+    bug = _record(KeyError("a bug"))
+    assert hider.filter(bug) and bug.exc_info is not None

@@ -1,0 +1,98 @@
+"""The one DVC runner, how its failures are classified (a stage's own error vs transient), and the
+raw-store bootstrap — with real `dvc` in throw-away repositories."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+import yaml
+
+from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
+from recsys.workspace import DvcError, StageError, run_dvc
+from test_ingest_support import copy_repo, make_dvc_repo
+
+# Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
+dvc_slow = pytest.mark.slow
+pytestmark = pytest.mark.timeout(1800)
+
+
+def write_stages(repo, **scripts: str) -> None:
+    """A dvc.yaml whose stages run the given Python snippets (each from a file: no YAML quoting games)."""
+    stages = {}
+    for name, code in scripts.items():
+        (repo / f"{name}.py").write_text(code)
+        stages[name] = {"cmd": f"{sys.executable} {name}.py"}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+
+
+@pytest.fixture(scope="module")
+def dvc_template(tmp_path_factory):
+    """One `git init` + `dvc init` per module (each dvc call costs seconds on a loaded box), copied per test."""
+    base = tmp_path_factory.mktemp("dvc-template")
+    return make_dvc_repo(base / "repo", base / "remote")
+
+
+@pytest.fixture
+def dvc_repo(dvc_template, tmp_path):
+    repo = copy_repo(dvc_template, tmp_path / "repo")
+    (repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {tmp_path / 'remote'}\n")
+    return repo
+
+
+@dvc_slow
+def test_a_stage_error_line_becomes_the_one_message_and_is_not_transient(dvc_repo):
+    write_stages(dvc_repo, fails="import sys\nprint('error: 5-core filter kept 0 of 9 events', file=sys.stderr)\n"
+                               "sys.exit(1)\n", crashes="raise SystemExit(3)\n")
+    with pytest.raises(StageError) as caught:
+        run_dvc(dvc_repo, "repro", "fails")
+    assert str(caught.value) == "fails: 5-core filter kept 0 of 9 events"
+    assert caught.value.transient is False
+
+    with pytest.raises(StageError) as crashed:  # no error line of its own: DVC's output, still deterministic
+        run_dvc(dvc_repo, "repro", "crashes")
+    assert "failed to reproduce 'crashes'" in str(crashed.value) and crashed.value.transient is False
+
+
+@dvc_slow
+def test_run_dvc_streams_with_a_watch_callback(dvc_repo):
+    write_stages(dvc_repo, slow="import time\ntime.sleep(1.5)\nprint('done here')\n")
+    calls = []
+    done = run_dvc(dvc_repo, "repro", "slow", watch=lambda: calls.append(1), interval=0.2)
+    assert done.returncode == 0 and "Running stage 'slow'" in done.stdout and "done here" in done.stdout
+    assert len(calls) >= 3
+
+
+@dvc_slow
+def test_other_dvc_failures_are_transient(dvc_repo):
+    with pytest.raises(DvcError) as caught:
+        run_dvc(dvc_repo, "pull", "nothing.dvc")
+    assert not isinstance(caught.value, StageError) and caught.value.transient is True
+
+
+@dvc_slow
+def test_bootstrap_generates_and_versions_the_seed_then_finds_it_present(dvc_repo, write_params):
+    write_params(path=dvc_repo / "params.yaml")
+    assert not store_has_data(dvc_repo)
+    assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")
+    assert store_has_data(dvc_repo)
+    recorded = yaml.safe_load((dvc_repo / "data.dvc").read_text())["outs"][0]
+    assert recorded["nfiles"] == 2
+    assert ensure_raw_store(dvc_repo) == "raw store present"
+
+    shutil.rmtree(dvc_repo / "data")  # a fresh clone: data.dvc committed, the data in the remote
+    assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
+    assert store_has_data(dvc_repo)
+
+
+@dvc_slow
+def test_bootstrap_never_replaces_ingested_data_with_the_generated_seed(dvc_repo, write_params):
+    write_params(path=dvc_repo / "params.yaml")
+    (dvc_repo / "data.dvc").write_text(yaml.safe_dump({"outs": [
+        {"md5": "0" * 32 + ".dir", "size": 999, "nfiles": 5, "hash": "md5", "path": "data"}]}))
+    before = (dvc_repo / "data.dvc").read_bytes()
+    with pytest.raises(BootstrapError, match=r"data.dvc records 5 files of ingested data .* run `dvc pull`"):
+        ensure_raw_store(dvc_repo)
+    assert (dvc_repo / "data.dvc").read_bytes() == before
+    assert not store_has_data(dvc_repo)
