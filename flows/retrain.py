@@ -27,8 +27,7 @@ from prefect.artifacts import (create_markdown_artifact, create_progress_artifac
                                update_progress_artifact)
 
 from recsys.config import ConfigError, Params, load_params, validate_name
-from recsys.workspace import (DvcError, code_version, data_version, dvc_command, fault_point, run_dvc,
-                              subprocess_env, workspace_lock)
+from recsys.workspace import DvcError, dvc_command, fault_point, run_dvc, subprocess_env, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 BASELINE = "mostpop"
@@ -161,25 +160,9 @@ def choose_candidate(results: dict[str, dict[str, Any]]) -> str | None:
 
 @task(name="promote", retries=2, retry_delay_seconds=3)
 def promote_candidate(root: str, candidate: str, params_file: str) -> dict[str, Any]:
-    from functools import partial
+    from recsys.promotion import promote_candidate as promote
 
-    from recsys.evaluate import evaluate_checkpoint
-    from recsys.registry import open_registry, read_eval_outputs
-
-    root_path = Path(root)
-    params = _params(root_path, params_file)
-    registry = open_registry(params.registry, root_path, params.gate)
-    result = read_eval_outputs(root_path, candidate)
-    baseline = read_eval_outputs(root_path, BASELINE)
-    decision = registry.promote(
-        root_path / "artifacts" / "models" / candidate, result,
-        params={"model": candidate, "config": dataclasses.asdict(params.model_config(candidate)),
-                "train": dataclasses.asdict(params.train_config(candidate))},
-        mostpop_result=baseline, dataset_version=data_version(root_path),
-        prepared_dir=root_path / "artifacts" / "prepared", code_version=code_version(root_path),
-        # The champion is re-scored (when the data changed) with the same settings as the candidate.
-        evaluate_fn=partial(evaluate_checkpoint, config=params.evaluate),
-    )
+    decision = promote(Path(root), _params(Path(root), params_file), candidate, baseline=BASELINE)
     return {**dataclasses.asdict(decision), "model": candidate}
 
 
