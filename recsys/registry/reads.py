@@ -32,6 +32,11 @@ from recsys.registry.records import (
 from recsys.registry.store import ArtifactStore
 
 
+# model_versions.version is an INTEGER column (32-bit on PostgreSQL): a larger number cannot name a version,
+# and binding it would be a database error rather than "not found".
+MAX_STORED_VERSION = 2**31 - 1
+
+
 class RegistryReads:
     def __init__(
         self, engine: Engine, store: ArtifactStore, model_name: str, gate: GateConfig | None = None
@@ -113,6 +118,8 @@ class RegistryReads:
             return [version_info(v, champion) for v in rows]
 
     def get_version(self, version: int) -> VersionInfo:
+        if not 1 <= version <= MAX_STORED_VERSION:
+            raise NotFoundError(f"version {version} of model {self.model_name!r} does not exist")
         with read_session(self.engine) as session:
             row = session.scalars(
                 select(ModelVersion)

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from recsys.registry.db import ModelVersion, PromotionEvent, locked_session
+from recsys.registry.reads import MAX_STORED_VERSION
 from recsys.registry.records import EventInfo, RollbackError, event_info, finite_or_none
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ def rollback(registry: Registry, to_version: int | None = None) -> EventInfo:
                 )
             target = session.get(ModelVersion, stack[-1])
             assert target is not None
+        elif not 1 <= to_version <= MAX_STORED_VERSION:
+            raise RollbackError(f"version {to_version} does not exist")
         else:
             target = session.scalars(
                 select(ModelVersion).where(
