@@ -24,7 +24,9 @@ def train(model: str, config, train_config, prepared, out: Path) -> Path:  # typ
     return out
 
 
-def write_stage_outputs(root: Path, model: str, checkpoint: Path, prepared_dir: Path, evaluate_config) -> None:  # type: ignore[no-untyped-def]
+def write_stage_outputs(  # type: ignore[no-untyped-def]
+    root: Path, model: str, checkpoint: Path, prepared_dir: Path, evaluate_config
+) -> None:
     """What `dvc repro evaluate@<model>` leaves: the checkpoint, metrics/<m>.json, per-user results."""
     from recsys.evaluate import evaluate_checkpoint, write_outputs
 
@@ -33,7 +35,8 @@ def write_stage_outputs(root: Path, model: str, checkpoint: Path, prepared_dir: 
         shutil.rmtree(target)
     shutil.copytree(checkpoint, target)
     result = evaluate_checkpoint(target, prepared_dir, "test", evaluate_config)
-    write_outputs(result, root / "metrics" / f"{model}.json", root / "artifacts" / "eval" / model / "per_user.parquet")
+    write_outputs(result, root / "metrics" / f"{model}.json",
+                  root / "artifacts" / "eval" / model / "per_user.parquet")
 
 
 def make_workspace(root: Path, params_path: Path, prepared_dir: Path, checkpoints: dict[str, Path]) -> Path:

@@ -1,5 +1,5 @@
-"""The one promotion path (`recsys.promotion.promote_candidate`) behind the flow and `recsys registry promote`:
-identical lineage either way, the baseline champion, re-scoring on new data, and no leftovers."""
+"""The one promotion path (`recsys.promotion.promote_candidate`) behind the flow and `recsys registry
+promote`: identical lineage either way, the baseline champion, and re-scoring on new data."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def open_from(params_path: Path):  # type: ignore[no-untyped-def]
 
 
 def cli_promote(params_path: Path, *args: str):  # type: ignore[no-untyped-def]
-    result = runner.invoke(registry_app, ["promote", "--model", "sasrec", *args, "--params", str(params_path)])
+    result = runner.invoke(registry_app,
+                           ["promote", "--model", "sasrec", *args, "--params", str(params_path)])
     assert "Traceback" not in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     return result
@@ -160,7 +161,8 @@ def test_new_data_rescores_the_champion_and_the_decision_carries_the_compared_va
 
     decision = promote_candidate(workspace, params, "sasrec")
     with open_from(params_path) as reg:
-        rescored = evaluate_checkpoint(reg.version_dir(2), new_dir, "test", params.evaluate).metrics["ndcg@10"]
+        rescored = evaluate_checkpoint(reg.version_dir(2), new_dir, "test", params.evaluate)
+        rescored = rescored.metrics["ndcg@10"]
         versions = reg.list_versions()
     assert decision.baseline_kind == "champion" and decision.baseline_version == 2
     assert decision.champion_rescored_metric == pytest.approx(rescored)
