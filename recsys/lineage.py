@@ -74,8 +74,9 @@ def capture(
     dataset_version_override: str | None = None,
 ) -> Lineage:
     root = Path(repo_root)
+    dataset = dataset_version_override if dataset_version_override is not None else dataset_version(root)
     return Lineage(
         params=model_params(params, model, checkpoint_meta),
-        dataset_version=dataset_version_override if dataset_version_override is not None else dataset_version(root),
+        dataset_version=dataset,
         code_version=git_code_version(root),
     )

@@ -221,18 +221,20 @@ def answer(
     fallback_reason = None
     if not champion.is_baseline:
         if user is not None and user not in known_users:
-            fallback_reason = f"user {user!r} is unknown to champion v{champion.version} (trained before they arrived)"
+            fallback_reason = (f"user {user!r} is unknown to champion v{champion.version} "
+                               "(trained before they arrived)")
         elif history is not None and not any(item in known_items for item in raw_items):
             fallback_reason = f"none of the history's items is known to champion v{champion.version}"
     if fallback_reason is None:
-        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k, at_time,
-                                                     user)
+        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
+                                                     at_time, user)
     else:
         ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
         result.source = POPULARITY_FALLBACK
         result.reason = f"popularity fallback: {fallback_reason}; {result.reason}"
     titles = prepared.titles() if prepared is not None else {}
-    result.recommendations = [Recommendation(r, raw, titles.get(raw), s) for r, (raw, s) in enumerate(ranked, 1)]
+    result.recommendations = [Recommendation(rank, raw, titles.get(raw), score)
+                              for rank, (raw, score) in enumerate(ranked, start=1)]
     return result
 
 
@@ -248,7 +250,8 @@ def _popularity(
     if baseline is not None:
         checkpoint = registry.version_dir(baseline.version)
         model, meta = load_model(checkpoint)
-        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k, at_time)
+        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
+                                                     at_time)
         result.model_version, result.architecture = baseline.version, baseline.architecture
         result.reason = f"baseline v{baseline.version} ({baseline.architecture}) answers"
         return ranked
@@ -262,8 +265,10 @@ def _popularity(
 
 
 def _print(result: Answer) -> None:
-    subject = f"user {result.user}" if result.user is not None else f"history of {len(result.history or [])} item(s)"
-    by = f"v{result.model_version} ({result.architecture})" if result.model_version is not None else result.architecture
+    subject = (f"user {result.user}" if result.user is not None
+               else f"history of {len(result.history or [])} item(s)")
+    by = (f"v{result.model_version} ({result.architecture})" if result.model_version is not None
+          else result.architecture)
     typer.echo(f"top {result.k} for {subject} from {by} [{result.source}]: {result.reason}")
     if not result.recommendations:
         typer.echo("(nothing left to recommend: the history covers every item the model knows)")
@@ -271,8 +276,8 @@ def _print(result: Answer) -> None:
         title = f"  {r.title}" if r.title else ""
         typer.echo(f"{r.rank:>3}. {r.item_id}{title}  (score {r.score:.4f})")
     if result.skipped_items:
-        typer.echo(f"note: skipped {len(result.skipped_items)} history item(s) unknown to v{result.model_version}: "
-                   + ", ".join(result.skipped_items))
+        typer.echo(f"note: skipped {len(result.skipped_items)} history item(s) unknown to "
+                   f"v{result.model_version}: " + ", ".join(result.skipped_items))
 
 
 def recommend_command(
@@ -300,7 +305,8 @@ def recommend_command(
         fail(str(err))
     subject = f"user {user!r}" if user is not None else f"history {history!r}"
     with open_from_params(params, f"cannot recommend for {subject}") as registry:
-        prepared_dir = prepared if prepared is not None else Path(params).resolve().parent / "artifacts" / "prepared"
+        root = Path(params).resolve().parent
+        prepared_dir = prepared if prepared is not None else root / "artifacts" / "prepared"
         try:
             result = answer(registry, prepared_dir, k, at_time, user=user, history=items)
         except (RecommendError, CheckpointError, ValueError) as err:

@@ -73,7 +73,7 @@ def _safe_url(url: str) -> str:
 
 @contextmanager
 def open_from_params(params_path: Path, doing: str = "registry") -> Iterator:  # type: ignore[type-arg]
-    """The registry named in params.yaml; any expected failure becomes one line (naming `doing`) and exit 1."""
+    """The registry named in params.yaml; an expected failure becomes one line naming `doing`, exit 1."""
     from recsys.registry import open_registry
 
     url = None
@@ -216,7 +216,8 @@ def promote_command(
     ] = "mostpop",
     dataset_version: Annotated[
         str | None,
-        typer.Option("--dataset-version", help="Dataset label to record (default: the DVC version of data/)."),
+        typer.Option("--dataset-version",
+                     help="Dataset label to record (default: the DVC version of data/)."),
     ] = None,
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:

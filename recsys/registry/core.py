@@ -15,7 +15,7 @@
 The registry knows rows, aliases, the audit trail and artifacts — not pipeline paths, git, or which model
 is the baseline: the caller says how to re-score a champion (`rescore`) and which version is a baseline
 (`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. The module stays
-one file (~440 lines; rollback is in rollback.py, reads in reads.py) because registration, the baseline
+one file (~460 lines; rollback is in rollback.py, reads in reads.py) because registration, the baseline
 champion and compare-and-promote share one locking discipline that is easiest to check side by side.
 """
 
@@ -118,7 +118,8 @@ class Registry(RegistryReads):
                             ("eval_fingerprint", fingerprint)):
             if value is not None and len(str(value)) > _LIMITS[name]:
                 raise RegistryError(
-                    f"{name} is longer than {_LIMITS[name]} characters ({len(str(value))}: {str(value)[:40]!r}...)"
+                    f"{name} is longer than {_LIMITS[name]} characters "
+                    f"({len(str(value))}: {str(value)[:40]!r}...)"
                 )
         if role is not None:
             validate_name(role, "role")
@@ -144,8 +145,8 @@ class Registry(RegistryReads):
         Returns (version number, stored artifact). Everything that can be refused is refused before the
         checkpoint is copied into the store.
         """
-        checked = self.check_registration(candidate_dir, eval_result, params=params,
-                                          dataset_version=dataset_version, code_version=code_version, role=role)
+        checked = self.check_registration(candidate_dir, eval_result, params=params, role=role,
+                                          dataset_version=dataset_version, code_version=code_version)
         architecture, version_params, meta = checked["architecture"], checked["params"], checked["meta"]
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         metrics = clean_metrics(getattr(eval_result, "metrics", None))
@@ -294,7 +295,9 @@ class Registry(RegistryReads):
             baseline: Scores | None = None
             if champion is not None and champion.artifact_sha256 != stored.sha256:
                 baseline = (
-                    self._champion_scores(champion, fingerprint, rescore) if fingerprint else Scores(None, None)
+                    self._champion_scores(champion, fingerprint, rescore)
+                    if fingerprint
+                    else Scores(None, None)
                 )
             try:
                 return self._decide_locked(stored.sha256, fingerprint, candidate, champion, baseline,
