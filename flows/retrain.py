@@ -28,7 +28,7 @@ from recsys.config import load_params
 from recsys.layout import Layout
 from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
                                select_models, training_progress)
-from recsys.workspace import code_version, data_version, fault_point, run_dvc, workspace_lock
+from recsys.workspace import fault_point, run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
@@ -75,27 +75,15 @@ def collect_results(root: str, models: list[str]) -> dict[str, dict[str, Any]]:
 
 
 @task(name="promote", retries=2, retry_delay_seconds=3, retry_condition_fn=retry_if_transient)
-def promote_candidate(root: str, candidate: str) -> dict[str, Any]:
-    from functools import partial
-
-    from recsys.evaluate import evaluate_checkpoint
-    from recsys.registry import open_registry, read_eval_outputs
+def promote_candidate(root: str, candidate: str, params_path: str | None = None) -> dict[str, Any]:
+    """The one promotion path (`recsys.promotion.promote_candidate`, also behind `recsys registry promote`).
+    `params_path` (relative to `root`) defaults to the repository's params.yaml (tests point it at a second
+    registry)."""
+    from recsys.promotion import promote_candidate as promote
 
     root_path = Path(root)
-    paths = Layout(root_path)
-    params = load_params(paths.params)
-    registry = open_registry(params.registry, root_path, params.gate)
-    result = read_eval_outputs(root_path, candidate)
-    baseline = read_eval_outputs(root_path, BASELINE)
-    decision = registry.promote(
-        paths.model_dir(candidate), result,
-        params={"model": candidate, "config": dataclasses.asdict(params.model_config(candidate)),
-                "train": dataclasses.asdict(params.train_config(candidate))},
-        mostpop_result=baseline, dataset_version=data_version(root_path),
-        prepared_dir=paths.prepared, code_version=code_version(root_path),
-        # The champion is re-scored (when the data changed) with the same settings as the candidate.
-        evaluate_fn=partial(evaluate_checkpoint, config=params.evaluate),
-    )
+    params = load_params(root_path / params_path if params_path else Layout(root_path).params)
+    decision = promote(root_path, params, candidate, baseline=BASELINE)
     return {**dataclasses.asdict(decision), "model": candidate}
 
 

@@ -1,16 +1,28 @@
-"""Serving: top-k next items for one user, scored by any model's `score(batch)`.
+"""Serving: top-k next items for a user or any recent history, and who answers.
 
 `recommend` works in the *model's* ids (index into the checkpoint's `items.json`/`users.json`);
-`recommend_for_user` maps a raw user id's history from the prepared dataset to them, because the champion may
-have been trained on an older dataset version than the one the history comes from. `describe_champion` is
-what the pipeline prints at the end. The CLI (`recsys recommend`) and the flows call these.
+`score_history` / `recommend_for_user` map raw ids to them, because the champion may have been trained on an
+older dataset version than the one the history comes from. `answer` serves one request (`recsys recommend`):
+
+- `--user ID`: the user's history from the prepared dataset (all events, or those up to `--at`);
+- `--history I1,I2,...`: any recent history as raw item ids, oldest first (a user who arrived since the last
+  training, an anonymous session), each taken as happening at `--at` (default now); items the champion never
+  saw are skipped and reported.
+
+Who answers, and why, is part of every answer (`source`):
+  `champion`            the champion scored the history;
+  `baseline_champion`   no model has passed the gate yet, so the baseline (MostPop) is champion;
+  `popularity_fallback` the champion cannot score this request (a user it has never seen, or a history with
+                        no item it knows): the latest registered baseline answers, or, if none is registered,
+                        item popularity in the prepared dataset.
+Items already in the history are never shown. `describe_champion` is what the pipeline prints at the end.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -74,8 +86,11 @@ def recommend(
     return [(int(i), float(v)) for i, v in zip(indices.tolist(), values.tolist())]
 
 
+CHAMPION, BASELINE_CHAMPION, POPULARITY_FALLBACK = "champion", "baseline_champion", "popularity_fallback"
+
+
 class RecommendError(ValueError):
-    """The request cannot be served (unknown user, missing prepared data, bad time); says why."""
+    """The request cannot be served (missing prepared data, bad time, bad history); says why."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,23 @@ class Recommendation:
     item_id: str
     title: str | None
     score: float
+
+
+@dataclass
+class Answer:
+    """One answer, as printed and as `--json` gives it."""
+
+    source: str  # CHAMPION | BASELINE_CHAMPION | POPULARITY_FALLBACK
+    reason: str
+    model_version: int | None  # the registry version that scored the items (None: dataset popularity)
+    architecture: str
+    champion_version: int
+    k: int
+    at: str | None
+    user: str | None
+    history: list[str] | None  # the --history given, raw ids
+    skipped_items: list[str] = field(default_factory=list)  # history items the answering model never saw
+    recommendations: list[Recommendation] = field(default_factory=list)
 
 
 def parse_time(value: str) -> int:
@@ -97,6 +129,93 @@ def parse_time(value: str) -> int:
     return int(moment.timestamp())
 
 
+def parse_history(value: str) -> list[str]:
+    items = [part.strip() for part in value.split(",")]
+    if not items or any(not item for item in items):
+        raise RecommendError(f"--history {value!r}: expected raw item ids separated by commas, e.g. i1,i2,i3")
+    return items
+
+
+# --- the prepared dataset ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    events: Any  # user, item, timestamp (stable time order)
+    items: Any
+    users: Any
+
+    def titles(self) -> dict[str, str]:
+        if "title" not in self.items.columns:
+            return {}
+        return {str(i): str(t) for i, t in zip(self.items["item_id"], self.items["title"])
+                if t is not None and t == t}
+
+    def user_history(self, user_id: str, at_time: int | None) -> tuple[list[str], list[int]] | None:
+        """The user's (raw item ids, times) in time order, or None when the dataset has no such user."""
+        match = self.users.loc[self.users["user_id"].astype(str) == str(user_id), "user"]
+        if match.empty:
+            return None
+        history = self.events[self.events["user"] == int(match.iloc[0])]  # already in stable time order
+        if at_time is not None:
+            history = history[history["timestamp"] <= at_time]
+        raw_of = dict(zip(self.items["item"].astype(int), self.items["item_id"].astype(str)))
+        return ([raw_of.get(int(i), "") for i in history["item"].astype(int)],
+                [int(t) for t in history["timestamp"].astype("int64")])
+
+    def popularity(self) -> list[tuple[str, float]]:
+        counts = self.events["item"].astype(int).value_counts()
+        raw_of = dict(zip(self.items["item"].astype(int), self.items["item_id"].astype(str)))
+        return [(raw_of[int(i)], float(c)) for i, c in counts.items() if int(i) in raw_of]
+
+
+def read_prepared(prepared_dir: Path, required: bool) -> Prepared | None:
+    import pandas as pd
+
+    try:
+        return Prepared(
+            pd.read_parquet(prepared_dir / "events.parquet", columns=["user", "item", "timestamp"]),
+            pd.read_parquet(prepared_dir / "items.parquet"),
+            pd.read_parquet(prepared_dir / "users.parquet"),
+        )
+    except (FileNotFoundError, OSError) as err:
+        if not required:
+            return None
+        raise RecommendError(
+            f"prepared dataset not found under {prepared_dir} ({err}); run `dvc repro prepare` first"
+        ) from err
+
+
+# --- scoring with one checkpoint ---------------------------------------------------------------------------
+
+
+def _vocabulary(checkpoint_dir: Path) -> tuple[list[Any], dict[str, int], dict[str, int]]:
+    model_items: list[Any] = json.loads((checkpoint_dir / "items.json").read_text())
+    model_users: list[Any] = json.loads((checkpoint_dir / "users.json").read_text())
+    items = {str(raw): i for i, raw in enumerate(model_items) if raw is not None}
+    users = {str(raw): i for i, raw in enumerate(model_users) if raw is not None}
+    return model_items, items, users
+
+
+def score_history(
+    model: Any, meta: dict[str, Any], checkpoint_dir: Path, raw_items: list[str], raw_times: list[int],
+    k: int, at_time: int | None, user_id: str | None = None,
+) -> tuple[list[tuple[str, float]], list[str]]:
+    """Top-k (raw item id, score) for a raw history, and the history items this checkpoint never saw."""
+    model_items, index_of_raw, user_index = _vocabulary(checkpoint_dir)
+    items, times, skipped = [], [], []
+    for raw, ts in zip(raw_items, raw_times):
+        index = index_of_raw.get(raw)
+        if index is None:
+            skipped.append(raw)  # an item the model never saw cannot be fed to it
+        else:
+            items.append(index)
+            times.append(ts)
+    ranked = recommend(model, meta, items, k, at_time, history_times=times,
+                       user_index=user_index.get(str(user_id), 0) if user_id is not None else 0)
+    return [(str(model_items[i]), score) for i, score in ranked], skipped
+
+
 def recommend_for_user(
     model: Any,
     meta: dict[str, Any],
@@ -106,48 +225,94 @@ def recommend_for_user(
     k: int,
     at_time: int | None,
 ) -> list[Recommendation]:
-    import pandas as pd
-
-    try:
-        events = pd.read_parquet(prepared_dir / "events.parquet", columns=["user", "item", "timestamp"])
-        items = pd.read_parquet(prepared_dir / "items.parquet")
-        users = pd.read_parquet(prepared_dir / "users.parquet")
-    except (FileNotFoundError, OSError) as err:
-        raise RecommendError(
-            f"prepared dataset not found under {prepared_dir} ({err}); run `dvc repro prepare` first"
-        ) from err
-    match = users.loc[users["user_id"].astype(str) == str(user_id), "user"]
-    if match.empty:
+    """The model's top-k for a user of the prepared dataset (raises RecommendError for an unknown user)."""
+    prepared = read_prepared(prepared_dir, required=True)
+    assert prepared is not None
+    history = prepared.user_history(user_id, at_time)
+    if history is None:
         raise RecommendError(f"unknown user {user_id!r}: not in {prepared_dir / 'users.parquet'}")
-    history = events[events["user"] == int(match.iloc[0])]  # already in stable time order
-    if at_time is not None:
-        history = history[history["timestamp"] <= at_time]
+    ranked, _ = score_history(model, meta, checkpoint_dir, *history, k, at_time, user_id)
+    titles = prepared.titles()
+    return [Recommendation(r, raw, titles.get(raw), s) for r, (raw, s) in enumerate(ranked, start=1)]
 
-    raw_of_dataset_item = dict(zip(items["item"].astype(int), items["item_id"].astype(str)))
-    titles: dict[str, str] = {}
-    if "title" in items.columns:
-        titles = {
-            str(i): str(t) for i, t in zip(items["item_id"], items["title"]) if t is not None and t == t
-        }
-    model_items: list[Any] = json.loads((checkpoint_dir / "items.json").read_text())
-    model_users: list[Any] = json.loads((checkpoint_dir / "users.json").read_text())
-    index_of_raw = {str(raw): i for i, raw in enumerate(model_items) if raw is not None}
-    user_index = {str(raw): i for i, raw in enumerate(model_users) if raw is not None}.get(str(user_id), 0)
 
-    history_items: list[int] = []
-    history_times: list[int] = []
-    for item, ts in zip(history["item"].astype(int), history["timestamp"].astype("int64")):
-        index = index_of_raw.get(raw_of_dataset_item.get(int(item), ""))
-        if index is not None:  # items the champion never saw cannot be fed to it
-            history_items.append(index)
-            history_times.append(int(ts))
-    ranked = recommend(model, meta, history_items, k, at_time, history_times=history_times,
-                       user_index=user_index)
-    out = []
-    for rank, (index, score) in enumerate(ranked, start=1):
-        raw = str(model_items[index])
-        out.append(Recommendation(rank, raw, titles.get(raw), score))
-    return out
+# --- who answers -----------------------------------------------------------------------------------------
+
+
+def answer(
+    registry: Any, prepared_dir: Path, k: int, at_time: int | None, *,
+    user: str | None = None, history: list[str] | None = None,
+) -> Answer:
+    """Serve one request from the champion, or say why popularity answers instead (module docstring)."""
+    from recsys.checkpoint import load_model
+
+    champion = registry.champion_info()  # NotFoundError when nothing was ever registered as champion
+    checkpoint = registry.champion_dir()  # every file's sha256 verified before loading
+    model, meta = load_model(checkpoint)
+    prepared = read_prepared(prepared_dir, required=user is not None)
+    now = at_time if at_time is not None else int(time.time())
+
+    if user is not None:
+        assert prepared is not None
+        found = prepared.user_history(user, at_time)
+        raw_items, raw_times = found if found is not None else ([], [])
+    else:
+        raw_items, raw_times = list(history or []), [now] * len(history or [])
+
+    result = Answer(
+        source=BASELINE_CHAMPION if champion.is_baseline else CHAMPION,
+        reason=(f"no model has passed the gate yet: baseline champion v{champion.version} answers"
+                if champion.is_baseline else f"champion v{champion.version} answers"),
+        model_version=champion.version, architecture=champion.architecture,
+        champion_version=champion.version, k=k,
+        at=datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None,
+        user=user, history=history,
+    )
+    _, known_items, known_users = _vocabulary(checkpoint)
+    fallback_reason = None
+    if not champion.is_baseline:
+        if user is not None and user not in known_users:
+            fallback_reason = (f"user {user!r} is unknown to champion v{champion.version} "
+                               "(trained before they arrived)")
+        elif history is not None and not any(item in known_items for item in raw_items):
+            fallback_reason = f"none of the history's items is known to champion v{champion.version}"
+    if fallback_reason is None:
+        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
+                                                     at_time, user)
+    else:
+        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
+        result.source = POPULARITY_FALLBACK
+        result.reason = f"popularity fallback: {fallback_reason}; {result.reason}"
+    titles = prepared.titles() if prepared is not None else {}
+    result.recommendations = [Recommendation(rank, raw, titles.get(raw), score)
+                              for rank, (raw, score) in enumerate(ranked, start=1)]
+    return result
+
+
+def _popularity(
+    registry: Any, prepared: Prepared | None, raw_items: list[str], raw_times: list[int], k: int,
+    at_time: int | None, result: Answer,
+) -> list[tuple[str, float]]:
+    """Popularity from the latest registered baseline (verified before loading), else from the dataset.
+    Fills in who answered on `result`."""
+    from recsys.checkpoint import load_model
+
+    baseline = registry.latest_baseline()
+    if baseline is not None:
+        checkpoint = registry.version_dir(baseline.version)
+        model, meta = load_model(checkpoint)
+        ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
+                                                     at_time)
+        result.model_version, result.architecture = baseline.version, baseline.architecture
+        result.reason = f"baseline v{baseline.version} ({baseline.architecture}) answers"
+        return ranked
+    if prepared is None:
+        raise RecommendError("no popularity fallback: no baseline version is registered and there is no "
+                             "prepared dataset; run `dvc repro` and `recsys registry promote`")
+    seen = set(raw_items)
+    result.model_version, result.architecture = None, "dataset popularity"
+    result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
+    return [(raw, count) for raw, count in prepared.popularity() if raw not in seen][:k]
 
 
 def gate_metric(decision: dict[str, Any] | None, champion_version: int) -> float | None:

@@ -122,5 +122,7 @@ def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:
 
 
 def code_version(root: Path) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    """The git commit of the code ('-dirty' when changed); one definition, in `recsys.lineage`."""
+    from recsys.lineage import git_code_version
+
+    return git_code_version(root)

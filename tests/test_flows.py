@@ -42,7 +42,10 @@ def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_n
     assert {"prepare", "train@sasrec", "evaluate@sasrec", "evaluate@mostpop"} <= ran
     decision = first["retrain"]["decision"]
     assert decision["model"] == "sasrec" and decision["promoted"], decision
-    assert decision["baseline_kind"] == "mostpop"
+    # MostPop on the same data was installed as the baseline champion first; sasrec was gated against it.
+    assert decision["baseline_kind"] == "champion" and decision["baseline_version"] is not None
+    assert registry_for(repo).get_version(decision["baseline_version"]).is_baseline
+    assert decision["champion_rescored_metric"] == decision["baseline_metric"] is not None
     assert (repo / "inbox" / "processed" / "batch-0001.csv").is_file()
     registry = registry_for(repo)
     assert registry.champion_version() == decision["version"]
@@ -109,10 +112,11 @@ def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_afte
         assert code == 0, output[-4000:]
     registry = registry_for(repo)
     events = registry.history()
-    promotions = [e for e in events if e.decision == "promoted"]
+    baseline = [v for v in registry.list_versions() if v.is_baseline]
+    promotions = [e for e in events if e.decision == "promoted" and e.candidate_version != baseline[0].version]
     assert len(promotions) == 1, events
     assert registry.champion_version() == promotions[0].candidate_version
-    assert len(registry.list_versions()) == 1
+    assert len(registry.list_versions()) == 2 and len(baseline) == 1  # the candidate and the baseline
 
 
 # --- entry points on a fresh clone, and failures as one line -------------------------------------------------
@@ -126,10 +130,13 @@ def test_a_fresh_clone_runs_the_pipeline_flow_directly(tmp_path):
                                     flow_env(tmp_path), tmp_path / "pipeline.log", timeout=1500)
     assert code == 0, output[-4000:]
     assert "Traceback" not in output and "telemetry" not in output.lower(), output[-4000:]
-    decision = registry_for(repo).history()[0]
-    assert decision.decision == "promoted"
+    registry = registry_for(repo)
+    # The baseline (MostPop) is registered first as the baseline champion; SASRec then passes the gate.
+    decision = [e for e in registry.history() if e.decision == "promoted"][-1]
+    champion = registry.champion_version()
+    assert decision.candidate_version == champion
     closing = [line for line in output.splitlines() if line.startswith("champion: version ")]
-    assert closing == [f"champion: version 1 (sasrec), test ndcg@10 = {decision.candidate_metric:.4f} "
+    assert closing == [f"champion: version {champion} (sasrec), test ndcg@10 = {decision.candidate_metric:.4f} "
                        "(on the current test set, as the gate used it)"], output[-3000:]
 
 

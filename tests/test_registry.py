@@ -17,7 +17,6 @@ from test_registry_support import (
     eval_from_values,
     make_checkpoint,
     make_eval,
-    make_params,
     registry_config,
 )
 
@@ -27,7 +26,6 @@ from recsys.registry import (
     RegistryError,
     RollbackError,
     open_registry,
-    promote,
 )
 from recsys.registry import migrate
 from recsys.registry.store import ArtifactError, ArtifactStore, directory_digest
@@ -43,7 +41,8 @@ MOSTPOP = make_eval(-0.15)
 
 
 def _promote(registry, tmp_path, name, ev, **kw):
-    kw.setdefault("mostpop_result", MOSTPOP)
+    kw.setdefault("baseline_result", MOSTPOP)
+    kw.setdefault("baseline_kind", "mostpop")
     return registry.promote(make_checkpoint(tmp_path / "ckpts", name), ev, **kw)
 
 
@@ -51,18 +50,18 @@ def _promote(registry, tmp_path, name, ev, **kw):
 
 
 def test_first_candidate_without_champion_or_mostpop_is_refused_and_recorded(registry, tmp_path):
-    out = _promote(registry, tmp_path, "a", make_eval(0.0), mostpop_result=None)
+    out = _promote(registry, tmp_path, "a", make_eval(0.0), baseline_result=None)
     assert not out.promoted and out.decision == "rejected"
-    assert "MostPop" in out.reason
+    assert "no baseline result" in out.reason
     assert registry.champion_version() is None
     [event] = registry.history()
-    assert event.decision == "rejected" and event.candidate_version == 1 and "MostPop" in event.reason
+    assert event.decision == "rejected" and event.candidate_version == 1 and "baseline" in event.reason
     assert registry.get_version(1).status == "rejected"
 
 
 def test_first_candidate_must_beat_mostpop(registry, tmp_path):
     worse = _promote(registry, tmp_path, "a", make_eval(-0.2, seed=1))
-    assert not worse.promoted and "MostPop" in worse.reason and worse.baseline_kind == "mostpop"
+    assert not worse.promoted and "worse than mostpop" in worse.reason and worse.baseline_kind == "mostpop"
     better = _promote(registry, tmp_path, "b", make_eval(0.0, seed=2))
     assert better.promoted and better.baseline_kind == "mostpop" and better.baseline_version is None
     assert better.p_value is not None and better.p_value < 0.05
@@ -70,7 +69,7 @@ def test_first_candidate_must_beat_mostpop(registry, tmp_path):
 
 
 def test_mostpop_on_another_evaluation_set_is_not_a_valid_baseline(registry, tmp_path):
-    out = _promote(registry, tmp_path, "a", make_eval(0.0), mostpop_result=make_eval(-0.2, FP_B))
+    out = _promote(registry, tmp_path, "a", make_eval(0.0), baseline_result=make_eval(-0.2, FP_B))
     assert not out.promoted and "different evaluation set" in out.reason
 
 
@@ -140,18 +139,17 @@ def test_champion_is_rescored_on_new_data_before_comparing(registry, tmp_path):
     # New data (evaluation set B). On B the champion scores 0.20 above its base, the candidate 0.15:
     # the candidate beats the champion's *old* number but not the champion on the same data.
     rescore = CountingEvaluate(make_eval(0.20, FP_B, seed=11))
-    prepared = tmp_path / "prepared-b"
-    out = _promote(registry, tmp_path, "cand", make_eval(0.15, FP_B, seed=12), evaluate_fn=rescore,
-                   prepared_dir=prepared)
+    out = _promote(registry, tmp_path, "cand", make_eval(0.15, FP_B, seed=12), rescore=rescore)
     assert not out.promoted and "worse than champion v1" in out.reason
     assert out.baseline_metric == pytest.approx(rescore.result.metrics["ndcg@10"])
     assert out.eval_fingerprint == FP_B
-    [(checkpoint, prepared_dir, split)] = rescore.calls
+    # The value the gate compared is the re-scored one, not the champion's stored metric.
+    assert out.champion_rescored_metric == out.baseline_metric != registry.get_version(1).metrics["ndcg@10"]
+    [checkpoint] = rescore.calls
     assert checkpoint == registry.store.path_for(registry.get_version(1).artifact_sha256)
-    assert prepared_dir == prepared and split == "test"
 
     # The re-score is cached per evaluation set: a second candidate on B does not re-evaluate.
-    better = _promote(registry, tmp_path, "cand2", make_eval(0.30, FP_B, seed=13), evaluate_fn=rescore)
+    better = _promote(registry, tmp_path, "cand2", make_eval(0.30, FP_B, seed=13), rescore=rescore)
     assert better.promoted and better.baseline_metric == pytest.approx(rescore.result.metrics["ndcg@10"])
     assert len(rescore.calls) == 1
 
@@ -161,16 +159,16 @@ def test_champion_changing_during_rescore_is_decided_against_the_new_champion(re
     assert _promote(registry, tmp_path, "v1", make_eval(0.10, FP_A, seed=1)).promoted
     champion_on_b = make_eval(0.10, FP_B, seed=21)
 
-    def evaluate_while_another_run_promotes(checkpoint, prepared, split="test"):
+    def evaluate_while_another_run_promotes(checkpoint):
         if not hasattr(evaluate_while_another_run_promotes, "done"):
             evaluate_while_another_run_promotes.done = True  # type: ignore[attr-defined]
             other = _promote(registry, tmp_path, "rival", make_eval(0.30, FP_B, seed=22),
-                             evaluate_fn=CountingEvaluate(champion_on_b))
+                             rescore=CountingEvaluate(champion_on_b))
             assert other.promoted and other.version == 3
         return champion_on_b
 
     out = _promote(registry, tmp_path, "slow", make_eval(0.20, FP_B, seed=23),
-                   evaluate_fn=evaluate_while_another_run_promotes)
+                   rescore=evaluate_while_another_run_promotes)
     # Compared with the new champion (v3, better), not the stale one (v1, which it would have beaten).
     assert not out.promoted and out.baseline_version == 3 and "worse than champion v3" in out.reason
     assert registry.champion_version() == 3
@@ -182,7 +180,7 @@ def test_rescore_on_a_different_evaluation_set_is_an_error(registry, tmp_path):
     assert _promote(registry, tmp_path, "champ", make_eval(0.1, FP_A, seed=1)).promoted
     wrong = CountingEvaluate(make_eval(0.1, FP_A, seed=1))  # evaluates on the old data again
     with pytest.raises(RegistryError, match="same prepared data"):
-        _promote(registry, tmp_path, "cand", make_eval(0.2, FP_B), evaluate_fn=wrong)
+        _promote(registry, tmp_path, "cand", make_eval(0.2, FP_B), rescore=wrong)
     # The version is registered (never lost) but no decision was recorded for it.
     assert registry.get_version(2).status == "registered"
     assert len(registry.history()) == 1
@@ -190,8 +188,8 @@ def test_rescore_on_a_different_evaluation_set_is_an_error(registry, tmp_path):
 
 def test_candidate_that_is_already_champion(registry, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpts", "champ")
-    assert registry.promote(ckpt, make_eval(0.1), mostpop_result=MOSTPOP).promoted
-    again = registry.promote(ckpt, make_eval(0.1, FP_B), mostpop_result=MOSTPOP)
+    assert registry.promote(ckpt, make_eval(0.1), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+    again = registry.promote(ckpt, make_eval(0.1, FP_B), baseline_result=MOSTPOP, baseline_kind="mostpop")
     assert not again.promoted and "already the champion" in again.reason
     assert [v.version for v in registry.list_versions()] == [1]
 
@@ -201,8 +199,8 @@ def test_candidate_that_is_already_champion(registry, tmp_path):
 
 def test_rerun_after_success_returns_the_recorded_decision(registry, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpts", "a")
-    first = registry.promote(ckpt, make_eval(0.0), mostpop_result=MOSTPOP)
-    second = registry.promote(ckpt, make_eval(0.0), mostpop_result=MOSTPOP)
+    first = registry.promote(ckpt, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
+    second = registry.promote(ckpt, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
     assert first.promoted and not first.replayed
     assert second.replayed and second.promoted and second.version == first.version
     assert len(registry.list_versions()) == 1
@@ -215,12 +213,12 @@ def test_a_changed_gate_decides_again_instead_of_replaying(tmp_path):
     candidate = make_checkpoint(tmp_path / "ckpts", "candidate")
     small_gain = make_eval(0.002, seed=7)
     with open_registry(config, tmp_path, GateConfig(min_delta=0.01)) as strict:
-        assert strict.promote(champion, make_eval(0.0), mostpop_result=MOSTPOP).promoted
-        refused = strict.promote(candidate, small_gain, mostpop_result=MOSTPOP)
+        assert strict.promote(champion, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+        refused = strict.promote(candidate, small_gain, baseline_result=MOSTPOP, baseline_kind="mostpop")
         assert not refused.promoted and "min_delta" in refused.reason
-        assert strict.promote(candidate, small_gain, mostpop_result=MOSTPOP).replayed
+        assert strict.promote(candidate, small_gain, baseline_result=MOSTPOP, baseline_kind="mostpop").replayed
     with open_registry(config, tmp_path, GateConfig(min_delta=0.0, significance=False)) as lenient:
-        again = lenient.promote(candidate, small_gain, mostpop_result=MOSTPOP)
+        again = lenient.promote(candidate, small_gain, baseline_result=MOSTPOP, baseline_kind="mostpop")
         assert not again.replayed and again.promoted, again.reason
         assert lenient.champion_version() == again.version
         assert [e.decision for e in lenient.history()] == ["promoted", "rejected", "promoted"]
@@ -229,8 +227,8 @@ def test_a_changed_gate_decides_again_instead_of_replaying(tmp_path):
 def test_same_artifact_copied_elsewhere_is_the_same_version(registry, tmp_path):
     a = make_checkpoint(tmp_path / "one", "ck", payload=b"same weights")
     b = make_checkpoint(tmp_path / "two", "ck", payload=b"same weights")
-    registry.promote(a, make_eval(0.0), mostpop_result=MOSTPOP)
-    out = registry.promote(b, make_eval(0.0), mostpop_result=MOSTPOP)
+    registry.promote(a, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
+    out = registry.promote(b, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
     assert out.replayed and out.version == 1
 
 
@@ -238,7 +236,7 @@ def test_rerun_after_a_crash_between_register_and_decide(registry, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpts", "a")
     number, _ = registry.register(ckpt, make_eval(0.0))  # "crash" here: registered, undecided
     assert registry.history() == []
-    out = registry.promote(ckpt, make_eval(0.0), mostpop_result=MOSTPOP)
+    out = registry.promote(ckpt, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
     assert out.promoted and out.version == number == 1
     assert len(registry.list_versions()) == 1 and len(registry.history()) == 1
 
@@ -374,12 +372,12 @@ def test_migrations_up_down_up_on_sqlite(tmp_path):
     with open_registry(registry_config(tmp_path), tmp_path) as reg:
         tables = set(inspect(reg.engine).get_table_names())
         assert {"registered_models", "model_versions", "aliases", "promotion_events", "evaluations"} <= tables
-        assert migrate.current_revision(reg.engine) == "0001_initial"
+        assert migrate.current_revision(reg.engine) == migrate.head_revision() == "0002_version_role"
         migrate.downgrade(reg.engine, "base")
         assert set(inspect(reg.engine).get_table_names()) <= {"registry_alembic_version"}
         assert migrate.current_revision(reg.engine) is None
         migrate.upgrade(reg.engine)
-        assert migrate.current_revision(reg.engine) == "0001_initial"
+        assert migrate.current_revision(reg.engine) == "0002_version_role"
         assert _promote(reg, tmp_path, "a", make_eval(0.0)).promoted
 
 
@@ -427,7 +425,7 @@ def test_injection_in_model_name_is_refused(tmp_path):
 def test_injection_in_architecture_is_refused(registry, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpts", "evil", model=INJECTION)
     with pytest.raises(ConfigError, match="invalid architecture"):
-        registry.promote(ckpt, make_eval(0.0), mostpop_result=MOSTPOP)
+        registry.promote(ckpt, make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop")
     assert "model_versions" in inspect(registry.engine).get_table_names()
     assert registry.list_versions() == []
 
@@ -442,22 +440,3 @@ def test_injection_strings_in_free_text_are_stored_verbatim(registry, tmp_path):
     assert v.metrics[INJECTION] == 1.0
     assert "model_versions" in inspect(registry.engine).get_table_names()
     assert len(registry.list_versions()) == 1
-
-
-# --- library entry point -------------------------------------------------------------------------------
-
-
-def test_promote_entry_point_uses_params_and_records_lineage(tmp_path):
-    params = make_params(tmp_path, significance=True)
-    ckpt = make_checkpoint(tmp_path / "ckpts", "a")
-    out = promote(ckpt, make_eval(0.0), params=params, mostpop_result=MOSTPOP, dataset_version="v2024",
-                  repo_root=tmp_path, code_version="abc123")
-    assert out.promoted and out.version == 1
-    with open_registry(params.registry, tmp_path) as reg:
-        v = reg.get_version(1)
-    assert v.architecture == "sasrec" and v.dataset_version == "v2024" and v.code_version == "abc123"
-    assert v.params["model"] == {"dim": 8, "n_layers": 1, "max_len": 5}
-    assert v.params["train"]["lr"] == params.train.lr
-    assert v.dataset_fingerprint == json.loads((ckpt / "model.json").read_text())["dataset_fingerprint"]
-    assert v.artifact_uri == f"sha256/{v.artifact_sha256}"
-    assert v.eval_fingerprint == FP_A

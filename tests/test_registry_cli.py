@@ -58,9 +58,9 @@ def test_registry_commands_walkthrough(tmp_path, params_path):
 
     with open_from(params_path) as reg:
         ck = lambda name: make_checkpoint(tmp_path / "ckpts", name)  # noqa: E731
-        assert reg.promote(ck("v1"), make_eval(0.0, seed=1), mostpop_result=MOSTPOP).promoted
-        assert reg.promote(ck("v2"), make_eval(0.05, seed=2), mostpop_result=MOSTPOP).promoted
-        refused = reg.promote(ck("v3"), make_eval(0.01, seed=3), mostpop_result=MOSTPOP)
+        assert reg.promote(ck("v1"), make_eval(0.0, seed=1), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+        assert reg.promote(ck("v2"), make_eval(0.05, seed=2), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+        refused = reg.promote(ck("v3"), make_eval(0.01, seed=3), baseline_result=MOSTPOP, baseline_kind="mostpop")
         assert not refused.promoted
 
     listing = invoke(registry_app, "list", "--params", str(params_path))
@@ -179,7 +179,7 @@ def test_recommend_command_serves_the_champion(tmp_path, params_path):
     assert no_champion.exit_code == 1 and "no champion" in no_champion.output
 
     with open_from(params_path) as reg:
-        assert reg.promote(_mostpop_checkpoint(tmp_path), make_eval(0.0), mostpop_result=MOSTPOP).promoted
+        assert reg.promote(_mostpop_checkpoint(tmp_path), make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
 
     out = invoke(recommend_app, "--user", "alice", "-k", "2", "--params", str(params_path))
     assert out.exit_code == 0, out.output
@@ -197,8 +197,11 @@ def test_recommend_command_serves_the_champion(tmp_path, params_path):
                     "--params", str(params_path))
     assert [line.split()[1] for line in early3.output.splitlines()[1:]] == ["m2", "m3", "m4"]
 
+    # A user the champion has never seen: popularity answers (no baseline registered: the dataset's), and
+    # the answer says so.
     unknown = invoke(recommend_app, "--user", INJECTION, "--params", str(params_path))
-    assert unknown.exit_code == 1 and "unknown user" in unknown.output
+    assert unknown.exit_code == 0, unknown.output
+    assert "[popularity_fallback]" in unknown.output and "unknown to champion v1" in unknown.output
     bad_time = invoke(recommend_app, "--user", "alice", "--at", "yesterday", "--params", str(params_path))
     assert bad_time.exit_code == 1 and "ISO-8601" in bad_time.output
 
@@ -206,7 +209,7 @@ def test_recommend_command_serves_the_champion(tmp_path, params_path):
 def test_recommend_refuses_a_tampered_champion(tmp_path, params_path):
     _prepared(tmp_path)
     with open_from(params_path) as reg:
-        assert reg.promote(_mostpop_checkpoint(tmp_path), make_eval(0.0), mostpop_result=MOSTPOP).promoted
+        assert reg.promote(_mostpop_checkpoint(tmp_path), make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
         weights = reg.champion_dir() / "model.safetensors"
     weights.chmod(0o644)
     with open(weights, "r+b") as fh:
@@ -238,17 +241,20 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
     _write_stage_outputs(tmp_path, "sasrec", make_eval(0.0, seed=8), b"sasrec one")
     first = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", "seed",
                    "--params", str(params_path))
-    assert first.exit_code == 0 and first.output.startswith("PROMOTED v1 (sasrec)")
-    assert "MostPop" in first.output
+    # MostPop became the baseline champion (v1) first; sasrec had to beat it.
+    assert first.exit_code == 0 and first.output.startswith("PROMOTED v2 (sasrec)"), first.output
+    assert "better than baseline champion v1" in first.output
     rerun = invoke(registry_app, "promote", "--model", "sasrec", "--params", str(params_path))
     assert rerun.exit_code == 0 and "already decided" in rerun.output
 
     _write_stage_outputs(tmp_path, "sasrec", make_eval(-0.05, seed=9), b"sasrec worse")  # a worse retrain
     worse = invoke(registry_app, "promote", "--model", "sasrec", "--params", str(params_path))
-    assert worse.exit_code == 0 and worse.output.startswith("REFUSED v2")
-    assert "worse than champion v1" in worse.output
+    assert worse.exit_code == 0 and worse.output.startswith("REFUSED v3")
+    assert "worse than champion v2" in worse.output
     with open_from(params_path) as reg:
-        assert reg.champion_version() == 1
-        assert reg.get_version(1).dataset_version == "seed"
+        assert reg.champion_version() == 2
+        assert reg.get_version(2).dataset_version == "seed"
+        baseline = reg.get_version(1)
+        assert baseline.is_baseline and baseline.architecture == "mostpop" and baseline.dataset_version == "seed"
     injected = invoke(registry_app, "promote", "--model", INJECTION, "--params", str(params_path))
     assert injected.exit_code == 1 and "invalid model name" in injected.output

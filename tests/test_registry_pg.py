@@ -37,21 +37,21 @@ def test_migrations_up_down_up_on_postgresql(tmp_path, pg_url):  # noqa: F811
                 text("SELECT count(*) FROM pg_proc WHERE proname = 'promotion_events_append_only'")
             ).scalar_one() == 0
         migrate.upgrade(reg.engine)
-        assert migrate.current_revision(reg.engine) == "0001_initial"
+        assert migrate.current_revision(reg.engine) == "0002_version_role"
 
 
 def test_decisions_rescore_and_rollback_on_postgresql(tmp_path, pg_url):  # noqa: F811
     with open_registry(registry_config(tmp_path, pg_url), tmp_path, GateConfig()) as reg:
         ck = lambda name: make_checkpoint(tmp_path / "ckpts", name)  # noqa: E731
-        assert reg.promote(ck("v1"), make_eval(0.0, seed=1), mostpop_result=MOSTPOP).promoted
-        assert reg.promote(ck("v2"), make_eval(0.05, seed=2), mostpop_result=MOSTPOP).promoted
-        lower = reg.promote(ck("v3"), make_eval(0.01, seed=3), mostpop_result=MOSTPOP)
+        assert reg.promote(ck("v1"), make_eval(0.0, seed=1), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+        assert reg.promote(ck("v2"), make_eval(0.05, seed=2), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted
+        lower = reg.promote(ck("v3"), make_eval(0.01, seed=3), baseline_result=MOSTPOP, baseline_kind="mostpop")
         assert not lower.promoted and "worse than champion v2" in lower.reason
         nan = reg.promote(ck("v4"), make_eval(0.5, seed=4, metric_override=float("nan")),
-                          mostpop_result=MOSTPOP)
+                          baseline_result=MOSTPOP, baseline_kind="mostpop")
         assert not nan.promoted and "NaN" in nan.reason
         rescore = CountingEvaluate(make_eval(0.3, FP_B, seed=5))
-        out = reg.promote(ck("v5"), make_eval(0.2, FP_B, seed=6), evaluate_fn=rescore)
+        out = reg.promote(ck("v5"), make_eval(0.2, FP_B, seed=6), rescore=rescore)
         assert not out.promoted and out.baseline_metric == pytest.approx(rescore.result.metrics["ndcg@10"])
         assert len(rescore.calls) == 1
         assert reg.rollback().candidate_version == 1
@@ -62,7 +62,7 @@ def test_decisions_rescore_and_rollback_on_postgresql(tmp_path, pg_url):  # noqa
 
 def test_append_only_and_injection_on_postgresql(tmp_path, pg_url):  # noqa: F811
     with open_registry(registry_config(tmp_path, pg_url), tmp_path, GateConfig()) as reg:
-        out = reg.promote(make_checkpoint(tmp_path, "a"), make_eval(0.0), mostpop_result=MOSTPOP,
+        out = reg.promote(make_checkpoint(tmp_path, "a"), make_eval(0.0), baseline_result=MOSTPOP, baseline_kind="mostpop",
                           dataset_version=INJECTION)
         assert out.promoted
         assert reg.get_version(1).dataset_version == INJECTION

@@ -95,13 +95,13 @@ def make_params(tmp_path: Path, url: str | None = None, **gate: object) -> Param
 
 @dataclass
 class CountingEvaluate:
-    """A deterministic evaluation function: returns a fixed result and records each call."""
+    """A deterministic re-scoring function: returns a fixed result and records each checkpoint it scored."""
 
     result: FakeEval
-    calls: list[tuple[Path, Path, str]] = field(default_factory=list)
+    calls: list[Path] = field(default_factory=list)
 
-    def __call__(self, checkpoint_dir: Path, prepared_dir: Path, split: str = "test") -> FakeEval:
-        self.calls.append((Path(checkpoint_dir), Path(prepared_dir), split))
+    def __call__(self, checkpoint_dir: Path) -> FakeEval:
+        self.calls.append(Path(checkpoint_dir))
         return self.result
 
 
@@ -121,7 +121,7 @@ def race_worker(url: str, root: str, index: int, ready, start, out_dir: str) -> 
     ready.release()
     start.wait(60)  # everyone imported and ready: now all open + promote at once
     with open_registry(registry_config(root_path, url), root_path, GateConfig()) as registry:
-        decision = registry.promote(ckpt, result, mostpop_result=mostpop)
+        decision = registry.promote(ckpt, result, baseline_result=mostpop, baseline_kind="mostpop")
     (Path(out_dir) / f"{index}.json").write_text(
         json.dumps({"index": index, "version": decision.version, "promoted": decision.promoted,
                     "metric": decision.candidate_metric, "reason": decision.reason})

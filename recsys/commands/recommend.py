@@ -1,8 +1,7 @@
-"""`recsys recommend --user ID -k 10 [--at ISO-TIME]`: the champion's top-k for one user.
+"""`recsys recommend --user ID | --history I1,I2,... [-k 10] [--at ISO-TIME] [--json]`: always an answer.
 
-The user's history comes from the prepared dataset (`artifacts/prepared/`: all of the user's events, or
-those up to `--at`); `recsys.recommend.recommend_for_user` maps raw ids to the champion checkpoint's own ids.
-Items the user has already interacted with are never shown.
+Parsing and printing only; who answers and why (champion, baseline champion, popularity fallback) is
+`recsys.recommend.answer`.
 
 `app` is a Typer whose callback *is* the command, so `app.add_typer(app, name="recommend")` in
 recsys/cli.py gives `recsys recommend --user ID` directly (no sub-command name to repeat).
@@ -10,50 +9,72 @@ recsys/cli.py gives `recsys recommend --user ID` directly (no sub-command name t
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from recsys.commands.registry import ParamsOption, expected_errors, fail, open_from_params
+from recsys.commands.registry import ParamsOption, describe, expected_errors, fail, open_from_params
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
-from recsys.recommend import RecommendError, parse_time, recommend_for_user
+from recsys.recommend import Answer, RecommendError, answer, parse_history, parse_time
+
+
+def _print(result: Answer) -> None:
+    subject = (f"user {result.user}" if result.user is not None
+               else f"history of {len(result.history or [])} item(s)")
+    by = (f"v{result.model_version} ({result.architecture})" if result.model_version is not None
+          else result.architecture)
+    typer.echo(f"top {result.k} for {subject} from {by} [{result.source}]: {result.reason}")
+    if not result.recommendations:
+        typer.echo("(nothing left to recommend: the history covers every item the model knows)")
+    for r in result.recommendations:
+        title = f"  {r.title}" if r.title else ""
+        typer.echo(f"{r.rank:>3}. {r.item_id}{title}  (score {r.score:.4f})")
+    if result.skipped_items:
+        typer.echo(f"note: skipped {len(result.skipped_items)} history item(s) unknown to "
+                   f"v{result.model_version}: " + ", ".join(result.skipped_items))
 
 
 def recommend_command(
-    user: Annotated[str, typer.Option("--user", help="Raw user id, as in the dataset.")],
+    user: Annotated[str | None, typer.Option("--user", help="Raw user id, as in the dataset.")] = None,
+    history: Annotated[
+        str | None, typer.Option("--history", help="Raw item ids, oldest first, comma-separated.")
+    ] = None,
     k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="How many items.")] = 10,
     at: Annotated[str | None, typer.Option("--at", help="Recommend as of this ISO-8601 time (UTC).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable answer.")] = False,
     prepared: Annotated[
         Path | None, typer.Option("--prepared", help="Prepared dataset dir (default: artifacts/prepared).")
     ] = None,
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
-    """Top-k items for a user from the current champion (titles shown when the dataset has them)."""
+    """Top-k items for a user or a history from the current champion, saying who answered and why."""
+    from recsys.checkpoint import CheckpointError
+
+    if (user is None) == (history is None):
+        fail("give exactly one of --user ID or --history I1,I2,...", code=2)
     try:
         at_time = parse_time(at) if at is not None else None
+        items = parse_history(history) if history is not None else None
     except RecommendError as err:
         fail(str(err))
-    with open_from_params(params) as registry:
-        prepared_dir = prepared if prepared is not None else Layout(registry.repo_root).prepared
-        from recsys.checkpoint import CheckpointError, load_model
-
-        champion = registry.champion_version()
+    subject = f"user {user!r}" if user is not None else f"history {history!r}"
+    with open_from_params(params, f"cannot recommend for {subject}") as registry:
+        root = Path(params).resolve().parent
+        prepared_dir = prepared if prepared is not None else Layout(root).prepared
         try:
-            checkpoint = registry.champion_dir()  # every file's sha256 verified before loading
-            model, meta = load_model(checkpoint)
-            results = recommend_for_user(model, meta, checkpoint, prepared_dir, user, k, at_time)
+            result = answer(registry, prepared_dir, k, at_time, user=user, history=items)
         except (RecommendError, CheckpointError, ValueError) as err:
             fail(str(err))
         except expected_errors() as err:
-            fail(str(err))
-        typer.echo(f"top {k} for user {user} from champion v{champion}:")
-        if not results:
-            typer.echo("(nothing left to recommend: the user has seen every item the model knows)")
-        for r in results:
-            title = f"  {r.title}" if r.title else ""
-            typer.echo(f"{r.rank:>3}. {r.item_id}{title}  (score {r.score:.4f})")
+            fail(describe(err, f"cannot recommend for {subject}"))
+    if as_json:
+        typer.echo(json.dumps(asdict(result), indent=2))
+    else:
+        _print(result)
 
 
 app = typer.Typer(pretty_exceptions_enable=False)

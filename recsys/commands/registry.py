@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Iterator, NoReturn
@@ -19,9 +20,22 @@ ParamsOption = Annotated[
 ]
 
 
-def fail(message: str) -> NoReturn:
+MAX_VERSION = 2**63 - 1  # the largest integer both SQLite and PostgreSQL (bigint) store
+_VERSION = re.compile(r"[1-9][0-9]{0,18}")  # ASCII digits only: int() would also take " 1", "+1", "١"
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
+
+
+def parse_version(text: str, what: str = "version") -> int:
+    """A version argument: a positive whole number in range, written plainly — anything else is refused
+    (exit 2, one line naming the input) before the registry is even opened."""
+    if not _VERSION.fullmatch(text) or int(text) > MAX_VERSION:
+        fail(f"{what} {text!r} is not a version number: expected a whole number from 1 to {MAX_VERSION}",
+             code=2)
+    return int(text)
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
@@ -32,20 +46,47 @@ def expected_errors() -> tuple[type[Exception], ...]:
     return (ConfigError, RegistryError, ArtifactError, SQLAlchemyError, OSError)
 
 
-@contextmanager
-def open_from_params(params_path: Path) -> Iterator:  # type: ignore[type-arg]
-    """The registry named in params.yaml; any expected failure becomes a one-line error and exit 1."""
-    from recsys.registry import open_registry
+def describe(err: Exception, doing: str, url: str | None = None) -> str:
+    """One line for an expected failure; a database error names what was being done and the registry,
+    with the driver's first line only (never the SQL statement, parameters or a traceback)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not isinstance(err, SQLAlchemyError):
+        return str(err)
+    orig = getattr(err, "orig", None)
+    lines = str(orig if orig is not None else err).strip().splitlines()
+    detail = lines[0].strip() if lines else type(err).__name__
+    if orig is None:
+        detail = detail.split(" [SQL:")[0].split("(Background on this error")[0].strip()
+    where = f" (registry {_safe_url(url)})" if url else ""
+    return f"{doing}: the registry database failed{where}: {detail}"
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
 
     try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # an unparsable URL is reported by open_registry itself
+        return "?"
+
+
+@contextmanager
+def open_from_params(params_path: Path, doing: str = "registry") -> Iterator:  # type: ignore[type-arg]
+    """The registry named in params.yaml; an expected failure becomes one line naming `doing`, exit 1."""
+    from recsys.registry import open_registry
+
+    url = None
+    try:
         params = load_params(params_path)
+        url = params.registry.url
         registry = open_registry(params.registry, Path(params_path).resolve().parent, params.gate)
     except expected_errors() as err:
-        fail(str(err))
+        fail(describe(err, doing, url))
     try:
         yield registry
     except expected_errors() as err:
-        fail(str(err))
+        fail(describe(err, doing, url))
     finally:
         registry.close()
 
@@ -68,7 +109,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @app.command("list")
 def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
     """All versions, oldest first; `*` marks the champion."""
-    with open_from_params(params) as registry:
+    with open_from_params(params, "cannot list versions") as registry:
         versions = registry.list_versions()
         metric = registry.gate.metric
         if not versions:
@@ -80,6 +121,7 @@ def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
                 str(v.version),
                 v.architecture,
                 v.status,
+                v.role or "",
                 _fmt(v.metrics.get(metric)),
                 (v.eval_fingerprint or "-")[:12],
                 v.dataset_version or "-",
@@ -87,21 +129,24 @@ def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
             ]
             for v in versions
         ]
-        typer.echo(_table(["", "version", "architecture", "status", metric, "eval set", "dataset",
+        typer.echo(_table(["", "version", "architecture", "status", "role", metric, "eval set", "dataset",
                            "created"], rows))
 
 
-@app.command("show")
-def show(version: Annotated[int, typer.Argument(help="Version number.")],
+# Unknown options are handed to VERSION, so that `show -1` is refused as a version like `show 0` is.
+@app.command("show", context_settings={"ignore_unknown_options": True})
+def show(version: Annotated[str, typer.Argument(help="Version number.", metavar="VERSION")],
          params: ParamsOption = DEFAULT_PARAMS) -> None:
     """Everything recorded about one version."""
-    with open_from_params(params) as registry:
-        v = registry.get_version(version)
+    number = parse_version(version)
+    with open_from_params(params, f"cannot show version {number}") as registry:
+        v = registry.get_version(number)
         fields = {
             "version": v.version,
             "champion": v.is_champion,
             "architecture": v.architecture,
             "status": v.status,
+            "role": v.role,
             "artifact_uri": v.artifact_uri,
             "artifact_sha256": v.artifact_sha256,
             "dataset_version": v.dataset_version,
@@ -121,7 +166,7 @@ def history(
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Promotion decisions and rollbacks, oldest first, each with its reason."""
-    with open_from_params(params) as registry:
+    with open_from_params(params, "cannot read the promotion history") as registry:
         events = registry.history(limit)
         if not events:
             typer.echo("no promotion events yet")
@@ -149,13 +194,15 @@ def history(
 @app.command("rollback")
 def rollback(
     to: Annotated[
-        int | None, typer.Option("--to", help="Version to make champion (a former champion).")
+        str | None, typer.Option("--to", help="Version to make champion (a former champion).")
     ] = None,
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Move the champion back to the previous champion (or to --to VERSION); recorded as an event."""
-    with open_from_params(params) as registry:
-        event = registry.rollback(to)
+    target = parse_version(to, "--to") if to is not None else None
+    doing = f"cannot roll back to version {target}" if target is not None else "cannot roll back"
+    with open_from_params(params, doing) as registry:
+        event = registry.rollback(target)
         typer.echo(
             f"champion is now v{event.candidate_version} (was v{event.baseline_version}): {event.reason}"
         )
@@ -168,33 +215,28 @@ def promote_command(
         str, typer.Option("--baseline", help="Model the first champion must beat (no champion yet).")
     ] = "mostpop",
     dataset_version: Annotated[
-        str | None, typer.Option("--dataset-version", help="Label stored with the version (e.g. a tag).")
+        str | None,
+        typer.Option("--dataset-version",
+                     help="Dataset label to record (default: the DVC version of data/)."),
     ] = None,
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Register artifacts/models/MODEL and run the gate with the evaluate stage's results; show the decision.
 
-    A refused candidate is a normal outcome (exit 0); the reason is printed and recorded.
+    The same promotion step as the retrain flow (`recsys.promotion.promote_candidate`): the same lineage,
+    the baseline installed as champion while no model has passed the gate, the champion re-scored on new
+    data. A refused candidate is a normal outcome (exit 0); the reason is printed and recorded.
     """
-    from recsys.config import validate_name
-    from recsys.registry import promote, read_eval_outputs
+    from recsys.promotion import promote_candidate
 
+    url = None
     try:
         loaded = load_params(params)
-        root = Path(params).resolve().parent
-        validate_name(model, "model name")
-        validate_name(baseline, "baseline model name")
-        candidate = read_eval_outputs(root, model)
-        if candidate is None:
-            fail(
-                f"no evaluation for {model!r} (metrics/{model}.json, "
-                f"artifacts/eval/{model}/per_user.parquet); run `dvc repro evaluate@{model}` first"
-            )
-        mostpop = read_eval_outputs(root, baseline) if baseline != model else None
-        decision = promote(root / "artifacts" / "models" / model, candidate, params=loaded,
-                           mostpop_result=mostpop, dataset_version=dataset_version, repo_root=root)
+        url = loaded.registry.url
+        decision = promote_candidate(Path(params).resolve().parent, loaded, model, baseline=baseline,
+                                     dataset_version=dataset_version)
     except expected_errors() as err:
-        fail(str(err))
+        fail(describe(err, f"cannot promote {model!r}", url))
     verb = "PROMOTED" if decision.promoted else "REFUSED"
     replay = " (already decided earlier; nothing changed)" if decision.replayed else ""
     typer.echo(f"{verb} v{decision.version} ({model}){replay}: {decision.reason}")

@@ -1,25 +1,25 @@
-"""SQL model registry: versions, the `champion` alias, content-addressed artifacts, the promotion gate.
+"""SQL model registry: versions, the `champion` alias, content-addressed artifacts, compare-and-promote.
 
     registry = open_registry(params.registry, repo_root, params.gate)
-    decision = promote(candidate_dir, eval_result, params=params, mostpop_result=mostpop)
+    decision = registry.promote(candidate_dir, eval_result, params=..., rescore=...)
+
+Lineage capture and the pipeline's promotion step live beside it (`recsys.lineage`, `recsys.promotion`).
 """
 
-from recsys.registry.core import (
+from recsys.registry.core import Registry, open_registry
+from recsys.registry.records import (
+    BASELINE_ROLE,
     EventInfo,
     NotFoundError,
     PromotionDecision,
-    Registry,
     RegistryError,
     RollbackError,
-    StoredEval,
     VersionInfo,
-    open_registry,
-    promote,
-    read_eval_outputs,
 )
 from recsys.registry.store import ArtifactError, ArtifactIntegrityError, ArtifactStore
 
 __all__ = [
+    "BASELINE_ROLE",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactStore",
@@ -29,9 +29,6 @@ __all__ = [
     "Registry",
     "RegistryError",
     "RollbackError",
-    "StoredEval",
     "VersionInfo",
     "open_registry",
-    "promote",
-    "read_eval_outputs",
 ]

@@ -90,6 +90,8 @@ class ModelVersion(Base):
     eval_fingerprint: Mapped[str | None] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="registered")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # "baseline": the reference model (MostPop) that is champion until a model passes the gate.
+    role: Mapped[str | None] = mapped_column(String(16))
 
 
 class Evaluation(Base):

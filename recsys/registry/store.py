@@ -7,10 +7,16 @@ bytes, name, or the set of files changes, and two identical checkpoints share on
 Each stored directory also holds `MANIFEST.json` (the listing itself; not part of the digest) so that a
 failed verification can say *which* file is wrong and how. `verify` re-hashes every file and is called
 before every load; a tampered, truncated, missing or extra file raises `ArtifactIntegrityError`.
+
+Copies are made in a scratch directory of their own under `<root>/tmp/`, held by an flock on its lock file
+for as long as the operation runs; each operation first removes the scratch of operations whose process
+died (a `kill -9` mid-copy), so a crash leaves nothing behind for longer than until the next `put`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -21,6 +27,7 @@ import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +114,8 @@ class ArtifactStore:
         source = Path(source)
         if not source.is_dir():
             raise ArtifactError(f"checkpoint directory not found: {source}")
-        tmp_root = self.root / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_root / uuid.uuid4().hex
-        try:
+        with self.scratch() as scratch:
+            tmp = scratch / "copy"
             shutil.copytree(source, tmp, symlinks=True, ignore=shutil.ignore_patterns(MANIFEST))
             listing = _listing(tmp)
             if not listing:
@@ -130,9 +135,32 @@ class ArtifactStore:
                         raise
             self.verify(sha256)
             return StoredArtifact(sha256, final)
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A scratch directory private to this operation, removed when it ends — or, if the process is
+        killed, by the next operation on this store (its lock is then free)."""
+        tmp_root = self.root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        remove_stale_scratch(tmp_root)
+        name = uuid.uuid4().hex
+        # Locked under a name the cleaner ignores, then renamed: a lock file it can see is always held.
+        pending = tmp_root / f".{name}.pending"
+        fd = os.open(pending, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock = tmp_root / f"{name}.lock"
+            os.rename(pending, lock)
+            work = tmp_root / name
+            work.mkdir()
+            try:
+                yield work
+            finally:
+                _remove_tree(work)
+                lock.unlink(missing_ok=True)
         finally:
-            if tmp.exists():
-                _remove_tree(tmp)
+            pending.unlink(missing_ok=True)
+            os.close(fd)
 
     def _reuse_or_replace(self, final: Path, sha256: str) -> None:
         try:
@@ -182,6 +210,35 @@ class ArtifactStore:
                 f"artifact {sha256[:12]} failed its integrity check: {'; '.join(problems)}; refusing to load"
             )
         return path
+
+
+def remove_stale_scratch(tmp_root: Path) -> list[str]:
+    """Remove scratch directories whose operation is over (its lock is free); returns their names."""
+    removed: list[str] = []
+    for entry in sorted(tmp_root.iterdir()):
+        if entry.suffix == ".lock":
+            try:
+                fd = os.open(entry, os.O_RDWR)
+            except FileNotFoundError:
+                continue  # its operation just finished
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # still running
+            try:
+                _remove_tree(tmp_root / entry.stem)
+                entry.unlink(missing_ok=True)
+                removed.append(entry.stem)
+            finally:
+                os.close(fd)
+        elif entry.is_dir() and not (tmp_root / f"{entry.name}.lock").exists():
+            _remove_tree(entry)  # no lock at all: left by a killed run of an older version
+            removed.append(entry.name)
+    if removed:
+        log.info("removed %d scratch director%s left by killed operations under %s", len(removed),
+                 "y" if len(removed) == 1 else "ies", tmp_root)
+    return removed
 
 
 def _make_read_only(directory: Path) -> None:

@@ -1,0 +1,82 @@
+"""Lineage of a trained model: what it was trained from (params, dataset version) and with (code version).
+
+Captured once, here, for every promotion — from the flow or by hand — so the registry records the same
+facts whichever path registered a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recsys.config import ConfigError, Params
+
+# DVC bookkeeping changes with every `dvc repro`/`dvc add`; it says nothing about the code.
+_NOT_CODE = (":(exclude)dvc.lock", ":(exclude)*.dvc")
+
+
+@dataclass(frozen=True)
+class Lineage:
+    # {"model": name, "config": the checkpoint's own model config, "train": ..., "evaluate": the evaluation
+    # settings this version was scored with — and with which a champion is re-scored against it}
+    params: dict[str, Any]
+    dataset_version: str | None
+    code_version: str | None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"params": self.params, "dataset_version": self.dataset_version,
+                "code_version": self.code_version}
+
+
+def git_code_version(repo_root: Path) -> str | None:
+    """The commit the code is at, with '-dirty' when tracked files other than DVC's lock and pointer files
+    changed; None outside a git checkout (or before its first commit)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo_root,
+                             capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0 or not sha.stdout.strip():
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_NOT_CODE],
+            cwd=repo_root, capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def dataset_version(repo_root: Path) -> str | None:
+    """The DVC version (md5) of the raw store, or None when it is not tracked by DVC."""
+    from recsys.workspace import data_version
+
+    return data_version(Path(repo_root))
+
+
+def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) -> dict[str, Any]:
+    """The settings a version is registered with, in one shape for every caller."""
+    try:
+        train = dataclasses.asdict(params.train_config(model))
+    except (ConfigError, TypeError):
+        train = None
+    return {
+        "model": model,
+        "config": checkpoint_meta.get("config"),  # what was trained, from the checkpoint itself
+        "train": train,
+        "evaluate": dataclasses.asdict(params.evaluate),
+    }
+
+
+def capture(
+    repo_root: Path, params: Params, model: str, checkpoint_meta: dict[str, Any],
+    dataset_version_override: str | None = None,
+) -> Lineage:
+    root = Path(repo_root)
+    dataset = dataset_version_override if dataset_version_override is not None else dataset_version(root)
+    return Lineage(
+        params=model_params(params, model, checkpoint_meta),
+        dataset_version=dataset,
+        code_version=git_code_version(root),
+    )

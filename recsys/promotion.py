@@ -1,0 +1,131 @@
+"""The pipeline's promotion step: the one path from the `evaluate` stage's outputs into the registry.
+
+Both the retrain flow and `recsys registry promote` call `promote_candidate`, so a model records the same
+lineage (params, code version, dataset version, evaluation settings) and its champion is re-scored the same
+way whichever of them promoted it. The step:
+
+1. reads the candidate's and the baseline's stage outputs (`metrics/<m>.json`, per-user results,
+   `artifacts/models/<m>`) and captures their lineage (`recsys.lineage`);
+2. validates both registrations before anything is copied into the artifact store;
+3. installs the baseline (MostPop, trained on the same data) as the champion while no model has passed the
+   gate, so there is always something to serve;
+4. gates the candidate against the champion, re-scoring it on the candidate's test set when the data changed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recsys.config import Params, validate_name
+from recsys.layout import Layout
+from recsys.lineage import Lineage, capture
+from recsys.registry import PromotionDecision, RegistryError, open_registry
+from recsys.registry.core import RescoreFn
+from recsys.registry.records import read_meta
+
+BASELINE = "mostpop"
+
+
+class PromotionError(RegistryError):
+    """The promotion step cannot run (missing stage outputs); the message says which command fixes it."""
+
+
+@dataclass(frozen=True)
+class StoredEval:
+    """An evaluation read back from the `evaluate` stage's outputs (same fields the gate uses)."""
+
+    metrics: dict[str, float]
+    per_user: Any
+    eval_fingerprint: str
+
+
+def checkpoint_dir(repo_root: Path, model: str) -> Path:
+    return Layout(repo_root).model_dir(validate_name(model, "model name"))
+
+
+def prepared_dir(repo_root: Path) -> Path:
+    return Layout(repo_root).prepared
+
+
+def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
+    """`metrics/<model>.json` + `artifacts/eval/<model>/per_user.parquet`, or None when either is absent.
+
+    Reusing the stage's outputs keeps the test split scored once; the fingerprint inside the metrics file
+    says which evaluation set the numbers belong to.
+    """
+    import pandas as pd
+
+    validate_name(model, "model name")
+    paths = Layout(repo_root)
+    metrics_path, per_user_path = paths.metrics(model), paths.per_user(model)
+    if not metrics_path.is_file() or not per_user_path.is_file():
+        return None
+    try:
+        raw = json.loads(metrics_path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise PromotionError(f"{metrics_path} is not valid JSON: {err}") from err
+    fingerprint = raw.pop("eval_fingerprint", None) if isinstance(raw, dict) else None
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise PromotionError(f"{metrics_path} has no eval_fingerprint; re-run the evaluate stage")
+    metrics = {k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return StoredEval(metrics, pd.read_parquet(per_user_path), fingerprint)
+
+
+def rescore_on(params: Params, prepared: Path) -> RescoreFn:
+    """Re-score a champion checkpoint on `prepared`'s test split, with the candidate's evaluation settings."""
+
+    def rescore(checkpoint: Path) -> Any:
+        from recsys.evaluate import evaluate_checkpoint  # lazy: pulls in torch and the models
+
+        return evaluate_checkpoint(checkpoint, prepared, split="test", config=params.evaluate)
+
+    return rescore
+
+
+def _stage_outputs(
+    root: Path, params: Params, model: str, dataset_version: str | None
+) -> tuple[Path, StoredEval | None, Lineage | None]:
+    directory = checkpoint_dir(root, model)
+    result = read_eval_outputs(root, model)
+    if result is None:
+        return directory, None, None
+    return directory, result, capture(root, params, model, read_meta(directory), dataset_version)
+
+
+def promote_candidate(
+    repo_root: Path,
+    params: Params,
+    model: str,
+    *,
+    baseline: str = BASELINE,
+    dataset_version: str | None = None,
+    rescore: RescoreFn | None = None,
+) -> PromotionDecision:
+    """Register `model`'s checkpoint with its lineage and gate it against the champion (see the module
+    docstring). `dataset_version` overrides the DVC version of the raw store; `rescore` the default
+    re-scoring on `artifacts/prepared`. The decision's `champion_rescored_metric` is the champion's value
+    the gate compared."""
+    root = Path(repo_root)
+    validate_name(model, "model name")
+    validate_name(baseline, "baseline model name")
+    candidate_dir, candidate, lineage = _stage_outputs(root, params, model, dataset_version)
+    if candidate is None or lineage is None:
+        raise PromotionError(
+            f"no evaluation for {model!r} (metrics/{model}.json, artifacts/eval/{model}/per_user.parquet); "
+            f"run `dvc repro evaluate@{model}` first"
+        )
+    baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
+    with open_registry(params.registry, root, params.gate) as registry:
+        # Refuse before anything is copied: neither artifact lands in the store if either is invalid.
+        registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
+        if baseline_result is not None and baseline_lineage is not None:
+            registry.check_registration(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
+            registry.install_baseline(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
+        return registry.promote(
+            candidate_dir, candidate, **lineage.as_kwargs(),
+            baseline_result=baseline_result, baseline_kind=baseline,
+            rescore=rescore or rescore_on(params, prepared_dir(root)),
+        )

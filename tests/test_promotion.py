@@ -1,0 +1,172 @@
+"""The one promotion path (`recsys.promotion.promote_candidate`) behind the flow and `recsys registry
+promote`: identical lineage either way, the baseline champion, and re-scoring on new data."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from promotion_support import (
+    DATA_MD5,
+    evaluation_rows,
+    event_rows,
+    git,
+    make_workspace,
+    train,
+    version_rows,
+    write_stage_outputs,
+)
+from typer.testing import CliRunner
+
+from recsys.commands.registry import app as registry_app
+from recsys.config import load_params
+from recsys.lineage import git_code_version
+from recsys.promotion import promote_candidate
+from recsys.registry import open_registry
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def mostpop_checkpoint(tiny_prepared, fast_train_config, tmp_path_factory) -> Path:
+    from recsys.models.mostpop import MostPopConfig
+
+    root = tmp_path_factory.mktemp("mostpop")
+    return train("mostpop", MostPopConfig(), fast_train_config, tiny_prepared, root / "model")
+
+
+@pytest.fixture
+def workspace(tmp_path, write_params, tiny_prepared_dir, trained_sasrec, mostpop_checkpoint) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    params = write_params(path=root / "params.yaml")
+    return make_workspace(root, params, tiny_prepared_dir, {"mostpop": mostpop_checkpoint,
+                                                            "sasrec": trained_sasrec[1]})
+
+
+def second_params(root: Path, name: str) -> Path:
+    """The same params.yaml with its own registry (database and artifact store)."""
+    raw = yaml.safe_load((root / "params.yaml").read_text())
+    raw["registry"] = {"url": f"sqlite:///{name}/registry.db", "artifact_root": f"{name}/artifacts",
+                       "model_name": raw.get("registry", {}).get("model_name", "next_item")}
+    path = root / f"params-{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def open_from(params_path: Path):  # type: ignore[no-untyped-def]
+    params = load_params(params_path)
+    return open_registry(params.registry, params_path.parent, params.gate)
+
+
+def cli_promote(params_path: Path, *args: str):  # type: ignore[no-untyped-def]
+    result = runner.invoke(registry_app,
+                           ["promote", "--model", "sasrec", *args, "--params", str(params_path)])
+    assert "Traceback" not in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def test_flow_and_cli_record_identical_lineage(workspace):
+    from flows.retrain import promote_candidate as flow_promote
+
+    flow_params, cli_params = second_params(workspace, "reg-flow"), second_params(workspace, "reg-cli")
+    by_flow = flow_promote.fn(str(workspace), "sasrec", flow_params.name)
+    by_hand = cli_promote(cli_params)
+    assert by_hand.exit_code == 0, by_hand.output
+
+    with open_from(flow_params) as flow_reg, open_from(cli_params) as cli_reg:
+        flow_versions, cli_versions = version_rows(flow_reg), version_rows(cli_reg)
+        assert flow_versions == cli_versions  # every field: params, code, dataset, metrics, role, status…
+        assert event_rows(flow_reg) == event_rows(cli_reg)  # decisions, reasons, compared values
+        assert evaluation_rows(flow_reg) == evaluation_rows(cli_reg)
+        assert flow_reg.champion_version() == cli_reg.champion_version()
+
+    baseline, candidate = flow_versions
+    head = git(workspace, "rev-parse", "HEAD")
+    params = load_params(workspace / "params.yaml")
+    checkpoint_config = json.loads((workspace / "artifacts/models/sasrec/model.json").read_text())["config"]
+    assert candidate["architecture"] == "sasrec" and candidate["version"] == by_flow["version"] == 2
+    assert candidate["params"] == {
+        "model": "sasrec", "config": checkpoint_config,
+        "train": json.loads(json.dumps(dataclasses.asdict(params.train_config("sasrec")))),
+        "evaluate": json.loads(json.dumps(dataclasses.asdict(params.evaluate))),
+    }
+    # Registered by hand, the version still records its code (dirty: code.py was edited) and dataset.
+    assert candidate["code_version"] == baseline["code_version"] == f"{head}-dirty"
+    assert candidate["dataset_version"] == baseline["dataset_version"] == DATA_MD5
+    assert "PROMOTED v2" in by_hand.output or "REFUSED v2" in by_hand.output
+    # MostPop on the same data became the baseline champion before the candidate was gated against it.
+    assert baseline["architecture"] == "mostpop" and baseline["role"] == "baseline"
+    assert baseline["status"] == "promoted"
+    assert by_flow["baseline_kind"] == "champion" and by_flow["baseline_version"] == 1
+    assert by_flow["champion_rescored_metric"] == pytest.approx(baseline["metrics"]["ndcg@10"])
+
+
+def test_a_repeated_promotion_changes_nothing(workspace):
+    params = load_params(workspace / "params.yaml")
+    first = promote_candidate(workspace, params, "sasrec")
+    again = promote_candidate(workspace, params, "sasrec")
+    assert again.replayed and again.version == first.version and again.decision == first.decision
+    with open_from(workspace / "params.yaml") as reg:
+        assert len(reg.list_versions()) == 2 and len(reg.history()) == 2
+
+
+def test_code_version_is_dirty_only_for_code_changes(workspace):
+    head = git(workspace, "rev-parse", "HEAD")
+    assert git_code_version(workspace) == f"{head}-dirty"  # code.py edited by make_workspace
+    git(workspace, "checkout", "--", "code.py")
+    assert git_code_version(workspace) == head
+    (workspace / "data.dvc").write_text("outs:\n- md5: ffff.dir\n  path: data\n")  # DVC bookkeeping only
+    (workspace / "untracked.py").write_text("x = 1\n")
+    assert git_code_version(workspace) == head
+    assert git_code_version(workspace.parent) is None  # not a git checkout
+
+
+def test_new_data_rescores_the_champion_and_the_decision_carries_the_compared_value(
+    workspace, tiny_generated, tiny_prepare_config, tiny_sasrec_config, fast_train_config
+):
+    """A champion from the old data is re-scored on the candidate's test set; that value is what the gate
+    compared and what the decision reports (not the champion's stored metric)."""
+    from recsys.evaluate import evaluate_checkpoint
+    from recsys.models.mostpop import MostPopConfig
+    from recsys.prepare import prepare, save
+
+    params_path = workspace / "params.yaml"
+    old = promote_candidate(workspace, load_params(params_path), "sasrec")
+    assert old.promoted and old.version == 2, old.reason
+    with open_from(params_path) as reg:
+        stored = reg.get_version(2).metrics["ndcg@10"]
+
+    # New data: a later batch changes the prepared dataset (and so the test set's fingerprint).
+    interactions = tiny_generated.interactions
+    newer = interactions[interactions["user_id"].astype(str) != str(interactions["user_id"].iloc[0])]
+    prepared = prepare(newer, tiny_prepare_config, tiny_generated.items)
+    new_dir = workspace.parent / "prepared-new"
+    save(prepared, new_dir)
+    import shutil
+
+    shutil.rmtree(workspace / "artifacts" / "prepared")
+    shutil.copytree(new_dir, workspace / "artifacts" / "prepared")
+    params = load_params(params_path)
+    models = workspace.parent / "models-new"
+    write_stage_outputs(workspace, "mostpop", train("mostpop", MostPopConfig(), fast_train_config, prepared,
+                                                    models / "mostpop"), new_dir, params.evaluate)
+    write_stage_outputs(workspace, "sasrec", train("sasrec", tiny_sasrec_config,
+                                                   dataclasses.replace(fast_train_config, epochs=1, seed=7),
+                                                   prepared, models / "sasrec"), new_dir, params.evaluate)
+
+    decision = promote_candidate(workspace, params, "sasrec")
+    with open_from(params_path) as reg:
+        rescored = evaluate_checkpoint(reg.version_dir(2), new_dir, "test", params.evaluate)
+        rescored = rescored.metrics["ndcg@10"]
+        versions = reg.list_versions()
+    assert decision.baseline_kind == "champion" and decision.baseline_version == 2
+    assert decision.champion_rescored_metric == pytest.approx(rescored)
+    assert decision.baseline_metric == decision.champion_rescored_metric
+    assert decision.champion_rescored_metric != pytest.approx(stored)
+    # The new MostPop is registered as a baseline but does not displace a champion that passed the gate.
+    assert [v.role for v in versions] == ["baseline", None, "baseline", None]

@@ -1,0 +1,127 @@
+"""`recsys recommend`: always an answer — the champion, the baseline champion, or popularity — and it says which
+version answered and why (`--user`, `--history`, `--json`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from test_registry_cli import _prepared, invoke, open_from, write_params
+from test_registry_support import make_eval
+
+from recsys.commands.recommend import app as recommend_app
+
+ANSWER_KEYS = {"source", "reason", "model_version", "architecture", "champion_version", "k", "at", "user",
+               "history", "skipped_items", "recommendations"}
+
+
+def mostpop_checkpoint(root: Path, name: str, counts: list[int], users: list[str]) -> Path:
+    """A real MostPop checkpoint over items m1..m4 whose popularity follows `counts` (item id per event)."""
+    from recsys.checkpoint import save_checkpoint
+    from recsys.models.mostpop import MostPop, MostPopConfig
+
+    model = MostPop(MostPopConfig(), n_items=4, n_users=len(users))
+    model.fit_statistics(torch.tensor(counts))
+    return save_checkpoint(root / "ckpt" / name, model, dataset_fingerprint="d" * 64,
+                           item_ids=["m1", "m2", "m3", "m4"], user_ids=users)
+
+
+# Baseline: m1 > m2 > m3 > m4, knows alice, bob and carol. Champion: m4 > m3 > m2 > m1, knows alice and bob.
+BASELINE_COUNTS = [1, 1, 1, 1, 2, 2, 2, 3, 3, 4]
+CHAMPION_COUNTS = [4, 4, 4, 4, 3, 3, 3, 2, 2, 1]
+
+
+def recommend_json(params_path: Path, *args: str) -> dict:
+    out = invoke(recommend_app, *args, "--json", "--params", str(params_path))
+    assert out.exit_code == 0, out.output
+    answer = json.loads(out.output)
+    assert set(answer) == ANSWER_KEYS
+    for rec in answer["recommendations"]:
+        assert set(rec) == {"rank", "item_id", "title", "score"}
+    return answer
+
+
+def setup(tmp_path: Path, with_champion: bool) -> Path:
+    params_path = write_params(tmp_path)
+    _prepared(tmp_path)  # alice saw m1 then m3; bob saw m4
+    with open_from(params_path) as reg:
+        base = mostpop_checkpoint(tmp_path, "base", BASELINE_COUNTS, ["alice", "bob", "carol"])
+        assert reg.install_baseline(base, make_eval(-0.15, seed=1), dataset_version="d1") == 1
+        if with_champion:
+            champ = mostpop_checkpoint(tmp_path, "champ", CHAMPION_COUNTS, ["alice", "bob"])
+            assert reg.promote(champ, make_eval(0.0, seed=2)).promoted
+    return params_path
+
+
+def test_baseline_champion_answers_before_any_model_passes_the_gate(tmp_path):
+    params_path = setup(tmp_path, with_champion=False)
+    answer = recommend_json(params_path, "--user", "alice", "-k", "2")
+    assert answer["source"] == "baseline_champion" and answer["model_version"] == answer["champion_version"] == 1
+    assert "no model has passed the gate" in answer["reason"]
+    assert [r["item_id"] for r in answer["recommendations"]] == ["m2", "m4"]  # m1, m3 already seen
+    text = invoke(recommend_app, "--user", "alice", "-k", "2", "--params", str(params_path))
+    assert text.exit_code == 0 and "from v1 (mostpop) [baseline_champion]" in text.output.splitlines()[0]
+
+
+def test_a_user_the_champion_never_saw_gets_popularity_from_the_baseline(tmp_path):
+    params_path = setup(tmp_path, with_champion=True)
+    known = recommend_json(params_path, "--user", "alice", "-k", "2")
+    assert known["source"] == "champion" and known["model_version"] == known["champion_version"] == 2
+    assert [r["item_id"] for r in known["recommendations"]] == ["m4", "m2"]  # the champion's order
+
+    for user in ("carol", "zed"):  # carol: known to the baseline only; zed: known to no model
+        answer = recommend_json(params_path, "--user", user, "-k", "3")
+        assert answer["source"] == "popularity_fallback", answer
+        assert answer["model_version"] == 1 and answer["champion_version"] == 2
+        assert f"user {user!r} is unknown to champion v2" in answer["reason"]
+        assert answer["user"] == user and answer["history"] is None
+        assert [r["item_id"] for r in answer["recommendations"]] == ["m1", "m2", "m3"]
+    text = invoke(recommend_app, "--user", "zed", "--params", str(params_path))
+    assert text.exit_code == 0 and "[popularity_fallback]" in text.output and "unknown to champion v2" in text.output
+
+
+def test_history_is_scored_by_the_champion_and_unknown_items_are_skipped_and_reported(tmp_path):
+    params_path = setup(tmp_path, with_champion=True)
+    answer = recommend_json(params_path, "--history", "m4,new-item,m2", "-k", "4", "--at", "2024-05-01T20:00:00Z")
+    assert answer["source"] == "champion" and answer["model_version"] == 2
+    assert answer["history"] == ["m4", "new-item", "m2"] and answer["skipped_items"] == ["new-item"]
+    assert [r["item_id"] for r in answer["recommendations"]] == ["m3", "m1"]  # history items never shown
+    assert answer["at"] == "2024-05-01T20:00:00+00:00" and answer["user"] is None
+    assert answer["recommendations"][0]["title"] == "Three"  # titles from the prepared dataset (m3)
+
+    text = invoke(recommend_app, "--history", "m4,new-item", "--params", str(params_path))
+    assert text.exit_code == 0
+    assert text.output.splitlines()[-1] == "note: skipped 1 history item(s) unknown to v2: new-item"
+
+    nothing_known = recommend_json(params_path, "--history", "x1,x2")
+    assert nothing_known["source"] == "popularity_fallback" and nothing_known["model_version"] == 1
+    assert "none of the history's items is known to champion v2" in nothing_known["reason"]
+    assert nothing_known["skipped_items"] == ["x1", "x2"]
+
+
+def test_history_works_without_a_prepared_dataset(tmp_path):
+    params_path = setup(tmp_path, with_champion=True)
+    import shutil
+
+    shutil.rmtree(tmp_path / "artifacts" / "prepared")
+    answer = recommend_json(params_path, "--history", "m4", "-k", "1")
+    assert [r["item_id"] for r in answer["recommendations"]] == ["m3"] and answer["recommendations"][0]["title"] is None
+
+
+def test_request_errors_are_one_line(tmp_path):
+    params_path = setup(tmp_path, with_champion=False)
+    both = invoke(recommend_app, "--user", "alice", "--history", "m1", "--params", str(params_path))
+    neither = invoke(recommend_app, "--params", str(params_path))
+    empty = invoke(recommend_app, "--history", "m1,,m2", "--params", str(params_path))
+    for result, code, fragment in ((both, 2, "exactly one of"), (neither, 2, "exactly one of"),
+                                   (empty, 1, "'m1,,m2'")):
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
+
+
+def test_no_champion_at_all_is_one_line(tmp_path):
+    params_path = write_params(tmp_path)
+    _prepared(tmp_path)
+    out = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
+    assert out.exit_code == 1 and "has no champion yet" in out.output

@@ -1,0 +1,112 @@
+"""Strict command-line input for the registry: version arguments, and database failures as one line
+(SQLite and PostgreSQL) — never a traceback or SQL text."""
+
+from __future__ import annotations
+
+import pytest
+from pg import pg_server, pg_url  # noqa: F401  (fixtures)
+from sqlalchemy import text
+from test_registry_cli import MOSTPOP, invoke, open_from
+from test_registry_support import make_checkpoint, make_eval
+
+from recsys.commands.registry import MAX_VERSION
+from recsys.commands.registry import app as registry_app
+
+BAD_VERSIONS = ["1.0", " 1", "1 ", "+1", "0", "-1", "01", "1e3", "", "٣", "99999999999999999999",
+                str(MAX_VERSION + 1)]
+
+
+def write_params(root, url: str = "sqlite:///registry/registry.db"):  # type: ignore[no-untyped-def]
+    path = root / "params.yaml"
+    path.write_text(f"models: [mostpop]\nregistry:\n  url: {url}\n  artifact_root: registry/artifacts\n")
+    return path
+
+
+def one_line(result) -> str:  # type: ignore[no-untyped-def]
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: ") and "Traceback" not in result.output
+    for sql in ("SELECT", "INSERT", "[SQL", "Background on this error", "sqlalche.me"):
+        assert sql not in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("bad", BAD_VERSIONS)
+@pytest.mark.parametrize("command", [("show",), ("rollback", "--to")])
+def test_version_arguments_are_parsed_strictly(tmp_path, command, bad):
+    params_path = write_params(tmp_path)
+    result = invoke(registry_app, *command, bad, "--params", str(params_path))
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert repr(bad) in line and "not a version number" in line
+    assert not (tmp_path / "registry").exists()  # refused before the registry was even opened
+
+
+def _promote_two(params_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with open_from(params_path) as reg:
+        for i, shift in enumerate([0.0, 0.05], start=1):
+            ckpt = make_checkpoint(tmp_path / "ckpts", f"v{i}")
+            assert reg.promote(ckpt, make_eval(shift, seed=i), baseline_result=MOSTPOP,
+                               baseline_kind="mostpop").promoted
+
+
+def check_largest_version(params_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _promote_two(params_path, tmp_path)
+    largest = str(MAX_VERSION)
+    shown = invoke(registry_app, "show", largest, "--params", str(params_path))
+    assert shown.exit_code == 1 and f"version {largest} of model 'next_item' does not exist" in one_line(shown)
+    rolled = invoke(registry_app, "rollback", "--to", largest, "--params", str(params_path))
+    assert rolled.exit_code == 1 and f"version {largest} does not exist" in one_line(rolled)
+    assert invoke(registry_app, "show", "2", "--params", str(params_path)).exit_code == 0
+    assert invoke(registry_app, "rollback", "--to", "1", "--params", str(params_path)).exit_code == 0
+
+
+def test_the_largest_version_reaches_sqlite_and_is_simply_not_found(tmp_path):
+    check_largest_version(write_params(tmp_path), tmp_path)
+
+
+@pytest.mark.postgres
+def test_the_largest_version_reaches_postgresql_and_is_simply_not_found(tmp_path, pg_url):  # noqa: F811
+    check_largest_version(write_params(tmp_path, pg_url), tmp_path)
+
+
+COMMANDS = [(("show", "3"), "cannot show version 3"), (("list",), "cannot list versions"),
+            (("history",), "cannot read the promotion history"),
+            (("rollback", "--to", "2"), "cannot roll back to version 2"),
+                    (("promote", "--model", "sasrec"), "cannot promote 'sasrec'")]
+
+
+@pytest.mark.parametrize("args, doing", COMMANDS)
+def test_a_broken_sqlite_database_is_one_line_naming_the_input(tmp_path, args, doing):
+    params_path = write_params(tmp_path)
+    (tmp_path / "registry").mkdir()
+    (tmp_path / "registry" / "registry.db").write_bytes(b"this is not a database" * 100)
+    if args[0] == "promote":
+        from test_registry_cli import _write_stage_outputs
+
+        _write_stage_outputs(tmp_path, "sasrec", make_eval(0.0), b"weights")
+    result = invoke(registry_app, *args, "--params", str(params_path))
+    assert result.exit_code == 1
+    line = one_line(result)
+    assert line.startswith(f"error: {doing}: the registry database failed") and "not a database" in line
+    assert not (tmp_path / "registry" / "artifacts" / "sha256").exists()  # nothing copied for a broken registry
+
+
+@pytest.mark.postgres
+def test_postgresql_failures_are_one_line_naming_the_input(tmp_path, pg_server, pg_url):  # noqa: F811
+    params_path = write_params(tmp_path, pg_url)
+    _promote_two(params_path, tmp_path)
+    with open_from(params_path) as reg, reg.engine.begin() as conn:
+        conn.execute(text("DROP TABLE evaluations"))
+        conn.execute(text("ALTER TABLE model_versions RENAME TO model_versions_gone"))
+    shown = invoke(registry_app, "show", "2", "--params", str(params_path))
+    line = one_line(shown)
+    assert shown.exit_code == 1 and line.startswith("error: cannot show version 2: the registry database failed")
+    assert 'relation "model_versions" does not exist' in line
+
+    (tmp_path / "gone").mkdir()
+    gone = write_params(tmp_path / "gone", pg_server.url("no_such_database"))
+    listed = invoke(registry_app, "list", "--params", str(gone))
+    line = one_line(listed)
+    assert listed.exit_code == 1 and line.startswith("error: cannot list versions: the registry database failed")
+    assert "no_such_database" in line
