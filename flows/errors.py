@@ -70,5 +70,20 @@ def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     except Exception as err:
         if not is_user_error(err):
             raise
+        _stop_temporary_server()  # its shutdown log line would otherwise follow the error line
         report_user_error(err, verbose)
         sys.exit(1)
+
+
+def _stop_temporary_server() -> None:
+    """Stop Prefect's ephemeral API server now rather than at interpreter exit (it was started for this run
+    only; stopping twice is a no-op)."""
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is not None and server_module.SubprocessASGIServer._instances:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)  # the run's logs and events reach the API before it stops
+        EventsWorker.drain_all(timeout=5)
+        for server in list(server_module.SubprocessASGIServer._instances.values()):
+            server.stop()

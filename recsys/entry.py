@@ -30,10 +30,14 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """The user-error classes of the modules loaded so far (a module never imported raised nothing), so
     checking costs no imports."""
     errors: list[type[BaseException]] = [FileNotFoundError]
+    main = sys.modules.get("__main__")
+    main_name = getattr(getattr(main, "__spec__", None), "name", None)
     for module, name in _USER_ERRORS:
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None:
-            errors.append(cls)
+        # `python -m recsys.prepare` runs the module as `__main__`: its classes live there, not under its name.
+        for loaded in (sys.modules.get(module), main if main_name == module else None):
+            cls = getattr(loaded, name, None)
+            if cls is not None:
+                errors.append(cls)
     return tuple(errors)
 
 

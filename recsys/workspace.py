@@ -95,6 +95,7 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
         reader.join(timeout=10)
         done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
     if check and done.returncode != 0:
+        log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
         raise stage_error(args, f"{done.stdout}\n{done.stderr}")
     return done
 

@@ -184,6 +184,28 @@ def test_prepare_filter_that_keeps_nothing_names_the_numbers_and_the_setting(mon
     assert not (tmp_path / "artifacts").exists()
 
 
+def test_the_stage_as_dvc_runs_it_reports_a_user_error_in_one_line(tmp_path, write_params, tiny_interactions):
+    """`dvc repro` runs `python -m recsys.prepare`: the module is `__main__` there, and its own error class
+    must still be reported as one line (exit 1), not a traceback."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from recsys.data import Generated, write_store
+
+    params = write_params({"prepare": {"min_user_interactions": 1000, "min_item_interactions": 1000}})
+    write_store(Generated(tiny_interactions, pd.DataFrame(columns=["item_id", "title"])), tmp_path / "data")
+    env = {k: v for k, v in os.environ.items() if k != "RECSYS_VERBOSE"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, "-m", "recsys.prepare", "--params", str(params)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: 1000-core filter kept 0 of {len(tiny_interactions):,} events; lower "
+                      "prepare.min_user_interactions / min_item_interactions in params.yaml (now 1000/1000)"]
+
+
 def test_prepare_of_a_dataset_too_small_to_split(monkeypatch, capsys, tmp_path, write_params):
     import pandas as pd
 
