@@ -3,7 +3,10 @@
     python -m flows.ingest
 
 Bad batches never reach the store: they are rejected whole (moved to `inbox/rejected/` with a report) or
-their bad rows quarantined. The validation summary of each batch is published as a Prefect artifact.
+their bad rows quarantined; ingested and already-ingested batches move to `inbox/processed/` (as with
+`recsys ingest`). A run is finished only when the DVC remote holds the data: it first completes what an
+interrupted run left (commit, push), and fails if the push fails. The validation summary of each batch is
+published as a Prefect artifact.
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 
 
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5)
-def ingest_inbox_task(repo_root: str, params_file: str, inbox: str | None) -> list[dict[str, Any]]:
+def ingest_inbox_task(repo_root: str, params_file: str, inbox: str | None) -> dict[str, Any]:
+    """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
+    next run, pushes first)."""
     from recsys.ingest import ingest_inbox
 
     config = load_params(Path(repo_root) / params_file).ingest
     if inbox:
         config = dataclasses.replace(config, inbox=inbox)
-    return [dataclasses.asdict(s) for s in ingest_inbox(Path(repo_root), config)]
+    run = ingest_inbox(Path(repo_root), config)
+    return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
 
 
 def publish(summaries: list[dict[str, Any]]) -> None:
@@ -63,7 +69,10 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT), params_file: st
         params_file: params file name inside the repository.
     """
     logger = get_run_logger()
-    summaries = ingest_inbox_task(repo_root, params_file, inbox)
+    done = ingest_inbox_task(repo_root, params_file, inbox)
+    summaries = done["summaries"]
+    for action in done["actions"]:
+        logger.info("%s", action)
     for s in summaries:
         (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
     publish(summaries)
@@ -75,6 +84,7 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT), params_file: st
         "duplicates": sum(s["status"] == "duplicate_batch" for s in summaries),
         "rows_accepted": sum(s["rows_accepted"] for s in summaries),
         "data_version": versions[-1] if versions else None,
+        "actions": done["actions"],
         "summaries": summaries,
     }
 

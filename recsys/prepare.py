@@ -184,6 +184,7 @@ def read_titles(store: Path) -> pd.DataFrame | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from recsys.ingest import recover
     from recsys.store import read_store
 
     parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="artifacts/prepared")
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    recover(Path(args.params).resolve().parent, params.ingest)  # no reader sees a half-committed batch
     store = Path(args.store)
     prepared = prepare(read_store(store), params.prepare, read_titles(store))
     save(prepared, args.out)
