@@ -28,6 +28,7 @@ from recsys.config import GenerateConfig
 from recsys.ingest import IngestError
 from recsys.ingest.canonical import CANONICAL, to_canonical
 from recsys.ingest.read import read_file
+from recsys.store import to_arrow
 from recsys.validation import PARSE_ERROR
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def canonical(frame: pd.DataFrame) -> pd.DataFrame:
         raise DataError(
             f"{int(bad.sum())} of {len(frame)} rows have an unusable value, e.g. row {first + 1}: {why}"
         )
-    out = typed[list(CANONICAL)].astype({schema.TIMESTAMP: "int64"})
-    return out.reset_index(drop=True)
+    # Through Arrow, so the frame has exactly the dtypes the store reads back (`recsys.store.read_store`).
+    return to_arrow(typed[list(CANONICAL)].astype({schema.TIMESTAMP: "int64"})).to_pandas()
 
 
 def _ratings_file(path: Path, name: str) -> Path:

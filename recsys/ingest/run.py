@@ -13,7 +13,7 @@ from pathlib import Path
 from recsys import validation
 from recsys.config import IngestConfig
 from recsys.ingest import layout
-from recsys.ingest.commit import commit
+from recsys.ingest.commit import commit, mark_push_pending
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
 from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256
@@ -68,26 +68,35 @@ def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:
     with workspace_lock(where.root), open_index(where.state) as index:
         run = IngestRun(actions=recover_locked(where, index))
+        if run.actions:  # a commit completed by recovery may never have been pushed
+            mark_push_pending(where, config)
         indexed = index.sync(where.store)
         if indexed:
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
-        pushed = complete_push(where, config, interrupted=True)
-        if pushed:
-            run.actions.append(pushed)
+        push_error = _push(where, config, run, interrupted=True)
         for path in _inbox_files(where) if files is None else files:
             summary = _ingest_one(path, where, config, index)
             if move:
                 _file_away(path, summary, where)
             run.append(summary)
-        try:
-            pushed = complete_push(where, config)
-        except IngestError as err:
-            raise PushFailed(str(err), run) from err
-        if pushed:
-            run.actions.append(pushed)
+        # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
+        push_error = push_error or _push(where, config, run)
+        if push_error:
+            raise PushFailed(push_error, run)
     for action in run.actions:
         log.info("ingest: %s", action)
     return run
+
+
+def _push(where: Paths, config: IngestConfig, run: IngestRun, interrupted: bool = False) -> str | None:
+    """Push if the marker says so; note what was done in `run`, return why it failed (or None)."""
+    try:
+        pushed = complete_push(where, config, interrupted)
+    except IngestError as err:
+        return str(err)
+    if pushed:
+        run.actions.append(pushed)
+    return None
 
 
 def _inbox_files(where: Paths) -> list[Path]:

@@ -5,6 +5,7 @@ which is what `kill -9` does to it), then a re-run. Afterwards: exactly-once dat
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,9 +56,10 @@ def cli(repo, path=None, frame=None, fault=None):
 
 
 def dvc_clean(repo):
-    local = run([str(VENV_BIN / "dvc"), "status", "data.dvc"], repo)
-    remote = run([str(VENV_BIN / "dvc"), "status", "-c", "data.dvc"], repo)
-    return "up to date" in local and "up to date" in remote, local + remote
+    """`dvc status` (workspace vs data.dvc) and `dvc status -c` (cache vs remote) both report nothing."""
+    local = json.loads(run([str(VENV_BIN / "dvc"), "status", "--json", "data.dvc"], repo))
+    remote = json.loads(run([str(VENV_BIN / "dvc"), "status", "-c", "--json", "data.dvc"], repo))
+    return local == {} and remote == {}, (local, remote)
 
 
 def leftovers(repo):
