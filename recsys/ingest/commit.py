@@ -29,8 +29,8 @@ from recsys.workspace import fault_point
 
 log = logging.getLogger(__name__)
 
-# The named boundaries of a commit (tests kill the process at each); `part_temp_written` (recsys.store) and
-# `before_push` (recsys.ingest.recovery) are the ones around them.
+# The named boundaries of a commit (tests kill the process at each); `part_temp_written` (recsys.store),
+# `before_push` and `after_push` (recsys.ingest.recovery) are the ones around them.
 FAULT_POINTS = ("after_journal", "after_part_write", "after_dvc_add", "after_manifest")
 
 

@@ -101,6 +101,7 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
             f"the DVC remote does not have data version {version} yet: {failure}; the data is committed "
             "locally — run `recsys ingest` (or `dvc push data.dvc`) again once the remote is reachable"
         )
+    fault_point("after_push")
     paths.push_marker.unlink()
     raw_store.fsync_dir(paths.state)
     what = "completed an interrupted push" if interrupted else "pushed"

@@ -20,7 +20,7 @@ from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run,
 pytestmark = pytest.mark.slow
 PARAMS = "ingest:\n  max_unseen_item_share: 1.0\n"
 BOUNDARIES = ["after_journal", "part_temp_written", "after_part_write", "after_dvc_add", "after_manifest",
-              "before_push"]
+              "before_push", "after_push"]
 
 
 @pytest.fixture(scope="module")
