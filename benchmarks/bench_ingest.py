@@ -1,9 +1,14 @@
-"""Benchmark: ingest + validate + append + `dvc add` of 1,000,000 generated rows in a temp git+DVC repo.
+"""Benchmarks of ingest in a temp git + DVC repo with a local remote.
 
-    .venv/bin/python benchmarks/bench_ingest.py [--rows 1000000]
+    .venv/bin/python benchmarks/bench_ingest.py big [--rows 1000000]
+        one large batch (validate + append + `dvc add`), per phase (writes results/ingest.json "big")
+    .venv/bin/python benchmarks/bench_ingest.py scaling [--store-rows 100000 1000000 10000000]
+        a 10,000-row batch into stores of each size: per-batch time (median of 3 batches, `dvc add` and
+        `dvc push` included), peak RSS, the one-time key-index build, and a nothing-new run (what recovery,
+        the index check and the push check cost when the inbox is empty) (writes "scaling")
 
-Prints wall time per phase and writes benchmarks/results/ingest.json. The GX import is timed separately
-(it is paid once per process, not per batch).
+Each store size is measured in a fresh interpreter so that peak RSS is that size's own. The GX import is
+paid once per process, before timing. Run it under `nice` on a shared machine and quote the load average.
 """
 
 from __future__ import annotations
@@ -13,128 +18,188 @@ import json
 import logging
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recsys import ingest, validation  # noqa: E402
-from recsys import store as raw_store  # noqa: E402
+from recsys import ingest, store, validation  # noqa: E402
 from recsys.config import IngestConfig  # noqa: E402
+from recsys.ingest import keys  # noqa: E402
 
-PHASES: dict[str, float] = {}
-
-
-@contextmanager
-def phase(name: str):
-    start = time.perf_counter()
-    yield
-    PHASES[name] = PHASES.get(name, 0.0) + time.perf_counter() - start
+RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
+N_USERS, N_ITEMS = 200_000, 50_000
+T_END = 1_700_000_000
 
 
-def timed(module, name: str, label: str) -> None:
-    """Wrap module.name so that its time is added to PHASES[label]."""
-    original = getattr(module, name)
-
-    def wrapper(*args, **kwargs):
-        with phase(label):
-            return original(*args, **kwargs)
-
-    setattr(module, name, wrapper)
-
-
-def generate(n: int, seed: int = 0) -> pd.DataFrame:
+def generate(n: int, seed: int, t_start: int = T_END - 365 * 86400, t_end: int = T_END) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    now = int(time.time())
-    frame = pd.DataFrame(
+    return pd.DataFrame(
         {
-            "user_id": rng.integers(0, 60_000, n).astype(str),
-            "item_id": rng.integers(0, 20_000, n).astype(str),
-            "timestamp": now - rng.integers(0, 365 * 86400, n),
+            "user_id": np.char.add("u", rng.integers(0, N_USERS, n).astype(str)),
+            "item_id": np.char.add("i", rng.integers(0, N_ITEMS, n).astype(str)),
+            "timestamp": rng.integers(t_start, t_end, n),
             "rating": rng.integers(1, 6, n).astype(np.float32),
             "event": rng.choice(np.array(["view", "click", "cart", "purchase"]), n),
         }
     )
-    return frame
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--format", choices=["csv", "parquet"], default="csv")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ingest.json")
-    args = parser.parse_args()
+def make_repo(base: Path) -> Path:
+    repo, remote = base / "repo", base / "remote"
+    (repo / "inbox").mkdir(parents=True)
+    remote.mkdir()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                ["dvc", "remote", "add", "-d", "local", str(remote)]):
+        subprocess.run(cmd, cwd=repo, check=True)
+    return repo
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def measure_store(rows: int, batch_rows: int, batches: int) -> dict:
+    """One store size, in this (fresh) process."""
     logging.basicConfig(level=logging.WARNING)
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    os.environ["PATH"] = env["PATH"]
-
-    load_before = os.getloadavg()[0]  # other work on this shared 2-core box slows every phase
-    with phase("gx_startup (once per process)"):
-        validation._gx_context()
-    timed(ingest, "read_batch", "read + column mapping")
-    timed(validation, "run_suite", "GX validation (3 suites)")
-    timed(ingest, "to_canonical", "type conversion")
-    timed(validation, "row_failures", "per-row reasons (vectorised)")
-    timed(ingest, "dedup_within", "dedup")
-    timed(ingest, "seen_in_history", "dedup")
-    timed(raw_store, "write_part", "append (atomic part write)")
-    timed(ingest, "_dvc_add", "dvc add")
-
+    config = IngestConfig(max_unseen_item_share=1.0, max_unseen_user_share=1.0)
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        repo = Path(tmp) / "repo"
-        (repo / "inbox").mkdir(parents=True)
-        for cmd in (
-            ["git", "init", "-q"],
-            ["dvc", "init", "-q"],
-            ["dvc", "config", "core.analytics", "false"],
-        ):
-            subprocess.run(cmd, cwd=repo, check=True, env=env)
-        frame = generate(args.rows)
-        path = repo / "inbox" / f"batch.{args.format}"
-        if args.format == "csv":
-            frame.to_csv(path, index=False)
-        else:
-            frame.to_parquet(path, index=False)
-        file_mb = round(path.stat().st_size / 1e6, 1)
-        config = IngestConfig(dvc_push=False)
+        repo = make_repo(Path(tmp))
         start = time.perf_counter()
+        for first in range(0, rows, 2_000_000):  # the seed, in parts of at most 2M rows
+            chunk = generate(min(2_000_000, rows - first), seed=first)
+            store.write_part(repo / "data", f"part-{first:016d}.parquet", chunk)
+        seed_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run(["dvc", "add", "-q", "data"], cwd=repo, check=True)
+        subprocess.run(["dvc", "push", "-q", "data.dvc"], cwd=repo, check=True)
+        dvc_setup_seconds = time.perf_counter() - start
+        validation._gx_context()  # once per process, not per batch
+        rss_before = peak_rss_mb()
+        start = time.perf_counter()
+        with keys.open_index(repo / ".ingest") as index:
+            index.sync(repo / "data")
+        index_build_seconds = time.perf_counter() - start
+        index_mb = (repo / ".ingest" / keys.INDEX_FILE).stat().st_size / 1e6
+
+        first_part = store.list_parts(repo / "data")[0]
+        replays = next(pq.ParquetFile(first_part).iter_batches(batch_size=100)).to_pandas()
+        per_batch = []
+        for b in range(batches):
+            frame = generate(batch_rows, seed=10_000 + b, t_start=T_END, t_end=T_END + 86400)
+            frame.iloc[:100] = replays.to_numpy()  # 1 % replays of stored events: dropped as duplicates
+            path = repo / "inbox" / f"batch-{b}.csv"
+            frame.to_csv(path, index=False)
+            start = time.perf_counter()
+            [summary] = ingest.ingest_inbox(repo, config)
+            per_batch.append(time.perf_counter() - start)
+            assert summary.status == "ingested" and summary.rows_duplicate >= 100, summary.message
+        rss_after_batches = peak_rss_mb()
+
+        nothing_new = []
+        for _ in range(3):
+            start = time.perf_counter()
+            assert list(ingest.ingest_inbox(repo, config)) == []
+            nothing_new.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ingest.recover(repo, config)
+        recover_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run(["dvc", "status", "-c", "-q", "data.dvc"], cwd=repo, check=False)
+        status_c_seconds = time.perf_counter() - start
+    return {
+        "store_rows": rows,
+        "batch_rows": batch_rows,
+        "per_batch_seconds": [round(s, 2) for s in per_batch],
+        "per_batch_median_seconds": round(statistics.median(per_batch), 2),
+        "peak_rss_mb_before_index": round(rss_before, 1),
+        "peak_rss_mb": round(rss_after_batches, 1),
+        "index_build_seconds_once": round(index_build_seconds, 1),
+        "index_mb": round(index_mb, 1),
+        "seed_write_seconds": round(seed_seconds, 1),
+        "dvc_add_push_seed_seconds": round(dvc_setup_seconds, 1),
+        "nothing_new_run_seconds": round(statistics.median(nothing_new), 3),
+        "recover_seconds": round(recover_seconds, 3),
+        "dvc_status_c_seconds_for_comparison": round(status_c_seconds, 2),
+    }
+
+
+def scaling(args: argparse.Namespace) -> dict:
+    results = []
+    for rows in args.store_rows:
+        load = os.getloadavg()
+        done = subprocess.run(
+            [sys.executable, __file__, "_one", str(rows), str(args.batch_rows), str(args.batches)],
+            capture_output=True, text=True, check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"store of {rows} rows failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result["load_average_1_5_15_before"] = [round(x, 2) for x in load]
+        results.append(result)
+        print(f"store {rows:>10,} rows: {result['per_batch_median_seconds']:6.2f} s per 10k batch, "
+              f"peak RSS {result['peak_rss_mb']:7.1f} MB, index built once in "
+              f"{result['index_build_seconds_once']} s, nothing-new run "
+              f"{result['nothing_new_run_seconds']} s",
+              flush=True)
+    return {"results": results, "ratio_largest_to_smallest": round(
+        results[-1]["per_batch_median_seconds"] / results[0]["per_batch_median_seconds"], 2)}
+
+
+def big(args: argparse.Namespace) -> dict:
+    logging.basicConfig(level=logging.WARNING)
+    validation._gx_context()
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        repo = make_repo(Path(tmp))
+        path = repo / "inbox" / "batch.csv"
+        generate(args.rows, seed=0).to_csv(path, index=False)
+        start = time.perf_counter()
+        config = IngestConfig(dvc_push=False, max_unseen_item_share=1.0)
         [summary] = ingest.ingest_batches([path], repo, config)
         total = time.perf_counter() - start
     assert summary.status == "ingested", summary.message
+    print(f"ingest of {args.rows:,} rows: {total:.2f} s")
+    return {"rows": args.rows, "total_seconds": round(total, 2), "load_average_1_5_15_before": load}
 
-    result = {
-        "rows": args.rows,
-        "format": args.format,
-        "file_mb": file_mb,
-        "load_average_before": round(load_before, 2),
-        "total_seconds": round(total, 2),
-        "target_seconds": 10.0,
-        "phases_seconds": {k: round(v, 2) for k, v in PHASES.items()},
-        "rows_accepted": summary.rows_accepted,
-        "rows_duplicate": summary.rows_duplicate,
-        "rows_quarantined": summary.rows_quarantined,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "machine": platform.platform(),
-    }
-    result["phases_seconds"]["other (hashing, lock, quarantine, manifest, reports)"] = round(
-        total - sum(v for k, v in PHASES.items() if not k.startswith("gx_startup")), 2
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_one":
+        rows, batch_rows, batches = map(int, sys.argv[2:5])
+        print(json.dumps(measure_store(rows, batch_rows, batches)))
+        return
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="mode", required=True)
+    one = sub.add_parser("big")
+    one.add_argument("--rows", type=int, default=1_000_000)
+    many = sub.add_parser("scaling")
+    many.add_argument("--store-rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    many.add_argument("--batch-rows", type=int, default=10_000)
+    many.add_argument("--batches", type=int, default=3)
+    args = parser.parse_args()
+    bin_dir = Path(sys.executable).parent
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    result = big(args) if args.mode == "big" else scaling(args)
+    result.update(
+        command=" ".join(["benchmarks/bench_ingest.py", *sys.argv[1:]]),
+        cpu_count=os.cpu_count(), python=platform.python_version(), machine=platform.platform(),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    for name, seconds in result["phases_seconds"].items():
-        print(f"{name:55s} {seconds:6.2f} s")
-    print(f"{'TOTAL ingest of ' + str(args.rows) + ' rows':55s} {total:6.2f} s  (target <= 10 s)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    existing = existing if "big" in existing or "scaling" in existing else {"big": existing}
+    existing[args.mode] = result
+    RESULTS.write_text(json.dumps(existing, indent=2, default=str) + "\n")
+    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

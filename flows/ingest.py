@@ -3,7 +3,10 @@
     python -m flows.ingest
 
 Bad batches never reach the store: they are rejected whole (moved to `inbox/rejected/` with a report) or
-their bad rows quarantined. The validation summary of each batch is published as a Prefect artifact.
+their bad rows quarantined; ingested and already-ingested batches move to `inbox/processed/` (as with
+`recsys ingest`). A run is finished only when the DVC remote holds the data: it first completes what an
+interrupted run left (commit, push), and fails if the push fails. The validation summary of each batch is
+published as a Prefect artifact.
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ def bootstrap(repo_root: str) -> str:
 
 
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
-def ingest_inbox_task(repo_root: str, inbox: str | None) -> list[dict[str, Any]]:
+def ingest_inbox_task(repo_root: str, inbox: str | None) -> dict[str, Any]:
+    """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
+    next run, pushes first)."""
     from recsys.ingest import ingest_inbox
 
     config = load_params(Layout(Path(repo_root)).params).ingest
     if inbox:
         config = dataclasses.replace(config, inbox=inbox)
-    return [dataclasses.asdict(s) for s in ingest_inbox(Path(repo_root), config)]
+    run = ingest_inbox(Path(repo_root), config)
+    return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
 
 
 @flow(name="ingest", log_prints=True)
@@ -51,7 +57,10 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     """
     logger = get_run_logger()
     bootstrap(repo_root)
-    summaries = ingest_inbox_task(repo_root, inbox)
+    done = ingest_inbox_task(repo_root, inbox)
+    summaries = done["summaries"]
+    for action in done["actions"]:
+        logger.info("%s", action)
     for s in summaries:
         (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
     publish_ingest(summaries)
@@ -63,6 +72,7 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
         "duplicates": sum(s["status"] == "duplicate_batch" for s in summaries),
         "rows_accepted": sum(s["rows_accepted"] for s in summaries),
         "data_version": versions[-1] if versions else None,
+        "actions": done["actions"],
         "summaries": summaries,
     }
 

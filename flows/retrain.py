@@ -35,8 +35,13 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def bootstrap(root: str) -> str:
-    """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested)."""
-    return ensure_raw_store(Path(root))
+    """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested), and an
+    ingest commit a crash interrupted is completed or rolled back before `dvc repro` reads the store."""
+    from recsys.ingest import recover
+
+    done = ensure_raw_store(Path(root))
+    actions = recover(Path(root), load_params(Layout(Path(root)).params).ingest)
+    return "; ".join([done, *actions])
 
 
 @task(name="dvc-status")

@@ -25,6 +25,11 @@ import pyarrow.parquet as pq
 
 from recsys import schema
 from recsys.config import GenerateConfig
+from recsys.ingest import IngestError
+from recsys.ingest.canonical import CANONICAL, to_canonical
+from recsys.ingest.read import read_file
+from recsys.store import to_arrow
+from recsys.validation import PARSE_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +39,34 @@ class DataError(ValueError):
 
 
 def canonical(frame: pd.DataFrame) -> pd.DataFrame:
-    """Coerce a frame with the canonical column names to the canonical dtypes (ids as strings)."""
+    """Coerce a frame with the canonical column names to the canonical dtypes and values.
+
+    The conversion is `recsys.ingest.canonical.to_canonical`, the one used for ingested batches, so a
+    dataset imported here and the same rows ingested later agree ("7" for an id stored as 7.0, a null event
+    for a missing one). A value that cannot be converted is an error here (ingest quarantines the row).
+    """
     missing = [c for c in schema.REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise DataError(f"missing required column(s) {missing}; got {list(frame.columns)}")
-    out = pd.DataFrame(
-        {
-            schema.USER: frame[schema.USER].astype(str),
-            schema.ITEM: frame[schema.ITEM].astype(str),
-            schema.TIMESTAMP: pd.to_numeric(frame[schema.TIMESTAMP], errors="raise").astype("int64"),
-        }
-    )
-    out[schema.RATING] = (
-        frame[schema.RATING].astype("float32") if schema.RATING in frame else pd.Series(np.nan, index=frame.index, dtype="float32")
-    )
-    out[schema.EVENT] = frame[schema.EVENT].astype(str) if schema.EVENT in frame else None
-    return out.reset_index(drop=True)
+    full = frame.copy(deep=False)
+    if schema.RATING not in full:
+        full[schema.RATING] = np.nan
+    if schema.EVENT not in full:
+        full[schema.EVENT] = pd.Series(pd.NA, index=full.index, dtype="string")
+    typed = to_canonical(full)
+    parse_error = typed[PARSE_ERROR]
+    missing_value = typed[list(schema.REQUIRED_COLUMNS)].isna()
+    bad = parse_error.notna().to_numpy() | missing_value.any(axis=1).to_numpy()
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        why = parse_error.iloc[first]
+        if pd.isna(why):
+            why = f"{missing_value.columns[missing_value.iloc[first].to_numpy()][0]} is missing"
+        raise DataError(
+            f"{int(bad.sum())} of {len(frame)} rows have an unusable value, e.g. row {first + 1}: {why}"
+        )
+    # Through Arrow, so the frame has exactly the dtypes the store reads back (`recsys.store.read_store`).
+    return to_arrow(typed[list(CANONICAL)].astype({schema.TIMESTAMP: "int64"})).to_pandas()
 
 
 def _ratings_file(path: Path, name: str) -> Path:
@@ -102,13 +119,14 @@ def read_movielens_titles(path: str | Path) -> pd.DataFrame | None:
 
 
 def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.DataFrame:
-    """Generic CSV or Parquet; `mapping` maps canonical column names to the source's column names."""
+    """Generic CSV, Parquet or JSON lines (the readers ingest uses); `mapping` maps canonical column names
+    to the source's column names."""
     path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} not found")
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, dtype=str)
-    except FileNotFoundError as err:
-        raise DataError(f"{path} not found") from err
-    except (ValueError, OSError, pa.ArrowException, pd.errors.ParserError) as err:
+        frame = read_file(path)
+    except (IngestError, OSError) as err:
         raise DataError(f"{path}: cannot be read ({err})") from err
     if mapping:
         absent = [src for src in mapping.values() if src not in frame.columns]
@@ -117,7 +135,7 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
         frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
     try:
         return canonical(frame)
-    except (ValueError, TypeError) as err:
+    except DataError as err:
         raise DataError(f"{path}: {err}") from err
 
 

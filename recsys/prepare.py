@@ -215,6 +215,7 @@ def read_titles(store: Path) -> pd.DataFrame | None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from recsys.ingest import recover
     from recsys.store import read_store
 
     parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=layout.PREPARED)
     args = parser.parse_args(argv)
     params = load_params(args.params)
+    recover(Path(args.params).resolve().parent, params.ingest)  # no reader sees a half-committed batch
     store = Path(args.store)
     interactions = read_store(store)
     if len(interactions) == 0:

@@ -1,7 +1,8 @@
 """The raw interaction store: `data/interactions/part-*.parquet`, tracked as a whole by `data.dvc`.
 
 Parts are immutable once written. Readers see them in file-name order (then row order), which makes the
-concatenation deterministic; the generated seed part is named so that it sorts first. A part only becomes
+concatenation deterministic; the generated seed part is named so that it sorts first, and ingested parts
+carry their arrival number so that they sort in the order they were committed. A part only becomes
 visible under its final name after it is fully on disk (`write_part` is atomic), so a reader never sees a
 half-written file.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import re
+import secrets
 from pathlib import Path
 
 import pandas as pd
@@ -18,12 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys.schema import ARROW_SCHEMA, REQUIRED_COLUMNS
+from recsys.workspace import fault_point
 
 log = logging.getLogger(__name__)
 
 INTERACTIONS_DIR = "interactions"
 PART_GLOB = "part-*.parquet"
 TMP_PREFIX = ".tmp-"
+_ARRIVAL = re.compile(r"part-(\d{8})-[0-9a-f]{16}\.parquet$")
 
 
 class StoreError(RuntimeError):
@@ -34,9 +38,17 @@ def interactions_dir(store_dir: str | Path) -> Path:
     return Path(store_dir) / INTERACTIONS_DIR
 
 
-def part_name(batch_sha256: str) -> str:
-    """Parts are named after the batch content hash, so a re-run of the same batch targets the same file."""
-    return f"part-{batch_sha256[:16]}.parquet"
+def part_name(batch_sha256: str, arrival: int) -> str:
+    """`part-<arrival>-<batch hash>.parquet`: the file-name order readers use is the order batches were
+    committed in (so events that tie on timestamp across batches keep their arrival order), and the hash
+    ties the part to its batch."""
+    return f"part-{arrival:08d}-{batch_sha256[:16]}.parquet"
+
+
+def next_arrival(store_dir: str | Path) -> int:
+    """One more than the highest arrival number among the parts (1 for a store with only a seed part)."""
+    numbers = [int(m.group(1)) for p in list_parts(store_dir) if (m := _ARRIVAL.match(p.name))]
+    return max(numbers, default=0) + 1
 
 
 def list_parts(store_dir: str | Path) -> list[Path]:
@@ -93,12 +105,15 @@ def fsync_dir(directory: str | Path) -> None:
         os.close(fd)
 
 
-def write_part(store_dir: str | Path, name: str, frame: pd.DataFrame | pa.Table) -> Path:
-    """Write one immutable part atomically: temp file in the same directory, fsync, rename, fsync dir.
+def write_part(
+    store_dir: str | Path, name: str, frame: pd.DataFrame | pa.Table, tmp_dir: str | Path | None = None
+) -> Path:
+    """Write one immutable part atomically: temp file, fsync, rename, fsync dir.
 
-    Refuses to overwrite an existing part (parts are immutable; the caller decides what an existing part
-    means). The temp file is removed if anything fails, so a crash leaves at most a `.tmp-*` file, which
-    `read_store` ignores and `remove_stale_temp_files` cleans.
+    The temp file lives in `tmp_dir` (ingest passes its scratch folder, so a crash never leaves anything in
+    the DVC-tracked store; it must be on the same file system) or else beside the part. It is created with
+    mode 0666 minus the umask, like any file, and removed if anything fails. Refuses to overwrite an
+    existing part (parts are immutable; the caller decides what an existing part means).
     """
     directory = interactions_dir(store_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -106,13 +121,16 @@ def write_part(store_dir: str | Path, name: str, frame: pd.DataFrame | pa.Table)
     if target.exists():
         raise StoreError(f"store part {target} already exists; parts are immutable")
     table = frame if isinstance(frame, pa.Table) else to_arrow(frame)
-    fd, tmp_name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".parquet", dir=directory)
-    tmp = Path(tmp_name)
+    scratch = Path(tmp_dir) if tmp_dir is not None else directory
+    scratch.mkdir(parents=True, exist_ok=True)
+    tmp = scratch / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as handle:
             pq.write_table(table, handle, compression="zstd")
             handle.flush()
             os.fsync(handle.fileno())
+        fault_point("part_temp_written")
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

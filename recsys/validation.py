@@ -294,6 +294,10 @@ def row_failures(
         kwargs = resolve(expectation["kwargs"], parameters)
         column = kwargs["column"]
         bad = _unexpected_mask(expectation["type"], frame[column], kwargs)
+        if expectation["type"] == "expect_column_values_to_not_be_null" and PARSE_ERROR in frame:
+            # A value that failed conversion is null now, and its parse error (which starts with the
+            # column's name) already says why: one reason per problem, not two.
+            bad &= ~frame[PARSE_ERROR].fillna("").str.startswith(f"{column} ").to_numpy(dtype=bool)
         if not bad.any():
             continue
         label = meta.get("notes") or f"{expectation['type']}({column})"

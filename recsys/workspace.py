@@ -100,17 +100,47 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     return done
 
 
+LOCK_HOLDER_ENV = "RECSYS_WORKSPACE_LOCK_HOLDER"  # "<pid>:<state dir>" while a process holds the lock
+
+
 @contextlib.contextmanager
 def workspace_lock(root: Path) -> Iterator[None]:
-    """Exclusive, crash-safe (flock) lock: only one DVC writer per workspace. Not re-entrant."""
-    state = Path(root) / STATE_DIR
+    """Exclusive, crash-safe (flock) lock: only one DVC writer per workspace. Not re-entrant.
+
+    A process started by the holder (the retrain flow's `dvc repro` running `prepare`, which recovers
+    the store first) shares the lock: the holder puts its pid in the environment its children inherit,
+    and a child that finds a living holder for the same workspace other than itself does not wait for it.
+    """
+    state = (Path(root) / STATE_DIR).resolve()
+    if _held_by_ancestor(state):
+        yield
+        return
     state.mkdir(parents=True, exist_ok=True)
     with open(state / "lock", "a+") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        previous = os.environ.get(LOCK_HOLDER_ENV)
+        os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{state}"
         try:
             yield
         finally:
+            if previous is None:
+                os.environ.pop(LOCK_HOLDER_ENV, None)
+            else:
+                os.environ[LOCK_HOLDER_ENV] = previous
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _held_by_ancestor(state: Path) -> bool:
+    pid, _, where = os.environ.get(LOCK_HOLDER_ENV, "").partition(":")
+    if not pid.isdigit() or int(pid) == os.getpid() or where != str(state):
+        return False
+    try:
+        os.kill(int(pid), 0)  # the holder is still alive (a dead one has released its flock)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:

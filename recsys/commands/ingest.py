@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 import yaml
@@ -29,21 +29,30 @@ def load_ingest_config(params: Path) -> IngestConfig:
 
 @app.callback(invoke_without_command=True)
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Batch files (CSV, Parquet, JSON lines) in the inbox.")],
+    paths: Annotated[
+        Optional[list[Path]],
+        typer.Argument(help="Batch files (CSV, Parquet, JSON lines) in the inbox; none: the whole inbox."),
+    ] = None,
     params: Annotated[Path, typer.Option(help="params.yaml; its folder is the repo root.")] = DEFAULT_PARAMS,
 ) -> None:
-    """Ingest each batch exactly once; print what happened. Exit code 1 if any batch was rejected."""
-    from recsys.ingest import IngestError, ingest_batches  # GX import is slow; keep --help fast
+    """Ingest each batch exactly once and move it to inbox/processed/ (or inbox/rejected/), as the ingest
+    flow does; print what happened. Exit code 1 if any batch was rejected or the push did not finish."""
+    # GX import is slow; keep --help fast
+    from recsys.ingest import IngestError, PushFailed, ingest_batches, ingest_inbox
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    push_error = None
     try:
         config = load_ingest_config(params)
-        summaries = ingest_batches(paths, params.resolve().parent, config)
+        root = params.resolve().parent
+        run = ingest_batches(paths, root, config, move=True) if paths else ingest_inbox(root, config)
+    except PushFailed as err:
+        run, push_error = err.run, str(err)
     except (IngestError, ConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    failed = False
-    for summary in summaries:
+    failed = push_error is not None
+    for summary in run:
         if summary.status == "rejected":
             failed = True
             typer.echo(f"rejected {summary.source}: {summary.message}", err=True)
@@ -53,5 +62,9 @@ def ingest(
             typer.echo(f"{summary.source}: {summary.message}")
             if summary.quarantine_file:
                 typer.echo(f"  quarantined rows: {summary.quarantine_file}")
+    for action in run.actions:
+        typer.echo(action)
+    if push_error:
+        typer.echo(f"error: {push_error}", err=True)
     if failed:
         raise typer.Exit(1)

@@ -1,0 +1,145 @@
+"""Committing a planned batch: journal → quarantine file → part file (atomic) → `dvc add` → manifest line →
+key index → remove journal; the run then pushes (`recovery.complete_push`).
+
+The journal in `.ingest/pending/` says what is being committed, so a crash at any step is completed (or
+rolled back, if the part never appeared) by `recsys.ingest.recovery`. The push marker, written before the
+journal, stays until `dvc push` succeeded, so a crash before or during the push is finished by the next run
+whatever it ingests. Temp files go to the scratch folder `.ingest/tmp/` only. `fault_point` lets tests kill
+the process at each step (`RECSYS_FAULT=<name>`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from recsys import store as raw_store
+from recsys.config import IngestConfig
+from recsys.ingest.dvc import data_version, dvc_add, dvc_enabled
+from recsys.ingest.errors import IngestError
+from recsys.ingest.keys import KeyIndex
+from recsys.ingest.layout import Paths
+from recsys.ingest.manifest import append_manifest, write_json_atomic
+from recsys.ingest.plan import Plan
+from recsys.ingest.report import IngestSummary, ingested_message, iso, write_final_report
+from recsys.workspace import fault_point
+
+log = logging.getLogger(__name__)
+
+# The named boundaries of a commit (tests kill the process at each); `part_temp_written` (recsys.store),
+# `before_push` and `after_push` (recsys.ingest.recovery) are the ones around them.
+FAULT_POINTS = ("after_journal", "after_part_write", "after_dvc_add", "after_manifest")
+
+
+def finish_commit(paths: Paths, entry: dict[str, Any], index: KeyIndex | None) -> dict[str, Any]:
+    """dvc add → manifest line → key index → report. Idempotent, so recovery can re-run it from any point.
+
+    `index` is None where the caller does not keep one (a reader's recovery); the next ingest's
+    `KeyIndex.sync` then indexes the part."""
+    record = dict(entry["record"])
+    record["data_version"] = dvc_add(paths) if record["part_file"] else data_version(paths)
+    fault_point("after_dvc_add")
+    append_manifest(paths.manifest, record)
+    fault_point("after_manifest")
+    if index is not None and record["part_file"]:
+        index.add_part(paths.store / raw_store.INTERACTIONS_DIR / record["part_file"])
+    write_final_report(entry, record["data_version"])
+    return record
+
+
+def mark_push_pending(paths: Paths, config: IngestConfig) -> None:
+    """Before anything changes: the remote will lack the new data until a push succeeds."""
+    if config.dvc_push and dvc_enabled(paths.root) and not paths.push_marker.exists():
+        write_json_atomic(paths.push_marker, {"since": iso(time.time())}, paths.scratch)
+
+
+def commit(
+    sha: str,
+    source: str,
+    plan: Plan,
+    where: Paths,
+    config: IngestConfig,
+    report_json: Path,
+    report_md: Path,
+    base: dict[str, Any],
+    index: KeyIndex,
+) -> IngestSummary:
+    """Append the planned rows, exactly once; on an expected failure, undo and raise `IngestError`."""
+    quarantine_file = where.quarantine / f"{report_json.stem}.csv" if len(plan.quarantined) else None
+    part = raw_store.part_name(sha, raw_store.next_arrival(where.store)) if len(plan.accepted) else None
+    record = {
+        "batch_sha256": sha,
+        "source": source,
+        "rows_in": plan.rows_in,
+        "rows_accepted": len(plan.accepted),
+        "rows_quarantined": len(plan.quarantined),
+        "rows_duplicate": plan.rows_duplicate,
+        "part_file": part,
+        "data_version": None,
+        "ingested_at": iso(time.time()),
+    }
+    report = {
+        **base,
+        **{k: v for k, v in record.items() if k not in base},
+        "quarantine_file": str(quarantine_file) if quarantine_file else None,
+        "reasons": plan.reasons,
+        "validations": [v.to_dict() for v in plan.validations],
+    }
+    report["message"] = ingested_message(record)
+    entry = {
+        "record": record,
+        "report": report,
+        "report_json": str(report_json),
+        "report_markdown": str(report_md),
+    }
+    journal = where.pending / f"{sha}.json"
+    try:
+        if part:
+            mark_push_pending(where, config)
+        write_json_atomic(journal, entry, where.scratch)
+        fault_point("after_journal")
+        if quarantine_file is not None:
+            where.quarantine.mkdir(parents=True, exist_ok=True)
+            where.scratch.mkdir(parents=True, exist_ok=True)
+            tmp = where.scratch / f"quarantine-{quarantine_file.name}"
+            plan.quarantined.to_csv(tmp, index=False)
+            os.replace(tmp, quarantine_file)
+        if part:
+            raw_store.write_part(where.store, part, plan.accepted, tmp_dir=where.scratch)
+        fault_point("after_part_write")
+        record = finish_commit(where, entry, index)
+    except (IngestError, OSError) as err:
+        # dvc add failed or the disk is full: undo the append so that the store, data.dvc and the manifest
+        # agree again (the manifest line is the last step, so it was not written).
+        if part:
+            (where.store / raw_store.INTERACTIONS_DIR / part).unlink(missing_ok=True)
+        if quarantine_file is not None:
+            quarantine_file.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
+        if isinstance(err, IngestError):
+            raise
+        raise IngestError(
+            f"{source}: could not write the store ({err.strerror or err}); nothing was changed"
+        ) from err
+    journal.unlink()
+    raw_store.fsync_dir(where.pending)
+    message = ingested_message(record)
+    log.info("%s: %s", source, message)
+    return IngestSummary(
+        sha,
+        source,
+        "ingested",
+        record["rows_in"],
+        record["rows_accepted"],
+        record["rows_quarantined"],
+        record["rows_duplicate"],
+        part,
+        record["data_version"],
+        str(report_json),
+        str(report_md),
+        message,
+        str(quarantine_file) if quarantine_file else None,
+    )

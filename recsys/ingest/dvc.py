@@ -1,0 +1,41 @@
+"""The DVC steps of a commit: `dvc add` of the store (the new data version) and `dvc push`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsys import workspace
+from recsys.ingest.errors import IngestError
+from recsys.ingest.layout import Paths
+
+
+def dvc_enabled(root: Path) -> bool:
+    """DVC steps run when the repository has been `dvc init`-ed; unit tests without DVC skip them."""
+    return (root / ".dvc").is_dir()
+
+
+def data_version(paths: Paths) -> str | None:
+    """The md5 recorded in `data.dvc` (for a directory, DVC writes '<md5>.dir')."""
+    return workspace.data_version(paths.root, paths.dvc_file.name)
+
+
+def dvc_add(paths: Paths) -> str | None:
+    if not dvc_enabled(paths.root):
+        return None
+    result = workspace.run_dvc(paths.root, "add", str(paths.store.relative_to(paths.root)), check=False)
+    if result.returncode != 0:
+        raise IngestError(
+            f"`dvc add {paths.store.name}` failed: {(result.stderr or result.stdout).strip()[-800:]}"
+        )
+    return data_version(paths)
+
+
+def dvc_push(paths: Paths) -> str | None:
+    """Push the store to the default remote; returns why it failed, or None."""
+    if not dvc_enabled(paths.root):
+        return None
+    result = workspace.run_dvc(paths.root, "push", paths.dvc_file.name, check=False)
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
+        return f"`dvc push {paths.dvc_file.name}` failed ({lines[-1].strip()[:300]})"
+    return None

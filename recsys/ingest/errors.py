@@ -1,0 +1,21 @@
+"""What can go wrong in ingest: the run itself cannot proceed, or one batch is bad."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from recsys.validation import SuiteResult
+
+
+class IngestError(Exception):
+    """Ingest could not run (environment, DVC, configuration). The message says what and what to do."""
+
+
+class BatchRejected(IngestError):
+    """This batch is bad as a whole; nothing was changed."""
+
+    def __init__(self, message: str, validations: Sequence[SuiteResult] = (), **details: Any):
+        super().__init__(message)
+        self.validations = list(validations)
+        self.details = details

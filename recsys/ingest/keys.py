@@ -1,0 +1,182 @@
+"""The key index: which (user_id, item_id, timestamp) events, users and items the store already holds.
+
+Deduplication against the store and the unseen-user/item shares need to know what is stored; reading the
+whole store for that makes every batch O(store). The index answers the same questions in O(batch log
+store): a SQLite file (`.ingest/keys.sqlite`, local state, never versioned) with users and items as
+integers and the event keys as a clustered primary key. Memory stays bounded by SQLite's page cache.
+
+The index is derived from the store and can always be rebuilt from it: it records which parts (name and
+size) it covers, `sync` indexes parts it has not seen (the seed part, a part whose commit crashed before
+the index was updated) and rebuilds from scratch when a covered part changed or vanished (a `dvc checkout`
+of another data version). Keys of a new part are added after its manifest line, so the index never holds
+keys of a part that a rollback could remove.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from recsys import store as raw_store
+from recsys.ingest.canonical import KEY
+from recsys.schema import ITEM, TIMESTAMP, USER
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "keys.sqlite"
+_SCHEMA_VERSION = "1"
+_CHUNK_ROWS = 500_000  # rows per read while indexing a part: bounds memory for a 10M-row seed part
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS parts(name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS users(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS events(
+    user INTEGER NOT NULL, item INTEGER NOT NULL, ts INTEGER NOT NULL, PRIMARY KEY(user, item, ts)
+) WITHOUT ROWID;
+"""
+
+
+class KeyIndex:
+    """Open with `open_index(state_dir)`; every method runs in its own transaction."""
+
+    def __init__(self, connection: sqlite3.Connection):
+        self.db = connection
+
+    # ------------------------------------------------------------------------------------------ queries
+
+    def has_events(self) -> bool:
+        return self.db.execute("SELECT EXISTS(SELECT 1 FROM events)").fetchone()[0] == 1
+
+    def known(self, table: str, keys: pd.Series) -> np.ndarray:
+        """Mask of `keys` (strings, nulls allowed) that are in `users` or `items`."""
+        ids = self._ids(table, keys)
+        return ids >= 0
+
+    def seen(self, frame: pd.DataFrame) -> np.ndarray:
+        """Mask of rows whose (user_id, item_id, timestamp) is already stored."""
+        seen = np.zeros(len(frame), dtype=bool)
+        if frame.empty:
+            return seen
+        users = self._ids("users", frame[USER])
+        items = self._ids("items", frame[ITEM])
+        candidates = np.flatnonzero((users >= 0) & (items >= 0))
+        if not len(candidates):
+            return seen
+        timestamps = frame[TIMESTAMP].to_numpy(dtype=np.int64)
+        rows = zip(candidates.tolist(), users[candidates].tolist(), items[candidates].tolist(),
+                   timestamps[candidates].tolist())
+        probe_table = "probe(i INTEGER PRIMARY KEY, user INTEGER, item INTEGER, ts INTEGER)"
+        with self._transaction(), self._temp(probe_table) as probe:
+            self.db.executemany(f"INSERT INTO {probe} VALUES (?, ?, ?, ?)", rows)
+            hits = self.db.execute(
+                f"SELECT p.i FROM {probe} p JOIN events e ON e.user = p.user AND e.item = p.item "
+                "AND e.ts = p.ts"
+            ).fetchall()
+        seen[[h[0] for h in hits]] = True
+        return seen
+
+    # ------------------------------------------------------------------------------------------ updates
+
+    def add_part(self, path: Path) -> None:
+        """Index one part's keys (idempotent: keys already present are ignored)."""
+        rows = 0
+        with self._transaction():
+            parquet = pq.ParquetFile(path)
+            for batch in parquet.iter_batches(batch_size=_CHUNK_ROWS, columns=KEY):
+                frame = batch.to_pandas()
+                rows += len(frame)
+                self._add_keys(frame)
+            self.db.execute(
+                "INSERT OR REPLACE INTO parts VALUES (?, ?, ?)", (path.name, path.stat().st_size, rows)
+            )
+
+    def sync(self, store_dir: Path) -> list[str]:
+        """Bring the index in line with the parts on disk; returns the names of the parts it indexed."""
+        on_disk = {p.name: p for p in raw_store.list_parts(store_dir)}
+        covered = dict(self.db.execute("SELECT name, bytes FROM parts").fetchall())
+        changed = [n for n, size in covered.items() if n not in on_disk or on_disk[n].stat().st_size != size]
+        if changed:
+            log.warning("key index: %d indexed part(s) changed or vanished (e.g. %s); rebuilding it",
+                        len(changed), changed[0])
+            with self._transaction():
+                for table in ("parts", "users", "items", "events"):
+                    self.db.execute(f"DELETE FROM {table}")
+            covered = {}
+        missing = [name for name in sorted(on_disk) if name not in covered]
+        for name in missing:
+            self.add_part(on_disk[name])
+        return missing
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _add_keys(self, frame: pd.DataFrame) -> None:
+        for table, column in (("users", USER), ("items", ITEM)):
+            self.db.executemany(
+                f"INSERT OR IGNORE INTO {table}(key) VALUES (?)", ((k,) for k in frame[column].unique())
+            )
+        users = self._ids("users", frame[USER])
+        items = self._ids("items", frame[ITEM])
+        keys = np.stack([users, items, frame[TIMESTAMP].to_numpy(dtype=np.int64)], axis=1)
+        keys = keys[np.lexsort((keys[:, 2], keys[:, 1], keys[:, 0]))]  # B-tree order: fewer page writes
+        self.db.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?)", keys.tolist())
+
+    def _ids(self, table: str, keys: pd.Series) -> np.ndarray:
+        """Integer id per key, -1 where unknown or null."""
+        values = keys.astype("string")
+        unique = pd.Index(values.dropna().unique())
+        if unique.empty:
+            return np.full(len(keys), -1, dtype=np.int64)
+        with self._transaction(), self._temp("wanted(key TEXT PRIMARY KEY)") as wanted:
+            self.db.executemany(f"INSERT INTO {wanted} VALUES (?)", ((k,) for k in unique))
+            found = self.db.execute(f"SELECT w.key, t.id FROM {wanted} w JOIN {table} t ON t.key = w.key")
+            mapping = pd.Series(dict(found.fetchall()), dtype="int64")
+        codes = mapping.reindex(values.to_numpy(dtype=object, na_value=None)).to_numpy(dtype=float)
+        return np.where(np.isnan(codes), -1, codes).astype(np.int64)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        if self.db.in_transaction:  # nested: the outer one commits
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    @contextmanager
+    def _temp(self, definition: str) -> Iterator[str]:
+        name = definition.split("(", 1)[0]
+        self.db.execute(f"CREATE TEMP TABLE {definition}")
+        try:
+            yield f"temp.{name}"
+        finally:
+            self.db.execute(f"DROP TABLE temp.{name}")
+
+
+@contextmanager
+def open_index(state_dir: Path) -> Iterator[KeyIndex]:
+    """The index in `state_dir` (created when missing). Call only while holding the workspace lock."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / INDEX_FILE
+    db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit (`KeyIndex._transaction`)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # a lost index update is re-derived by `sync`
+        db.execute("PRAGMA cache_size=-32768")  # 32 MiB page cache: bounds memory at any store size
+        db.execute("PRAGMA temp_store=MEMORY")
+        db.executescript(_SCHEMA)
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+        yield KeyIndex(db)
+    finally:
+        db.close()

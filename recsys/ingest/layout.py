@@ -1,0 +1,72 @@
+"""Where ingest keeps things: inbox, store, quarantine, reports, manifest, and its state in `.ingest/`."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from recsys.config import IngestConfig
+from recsys.ingest.errors import BatchRejected
+from recsys.workspace import STATE_DIR
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    inbox: Path
+    store: Path
+    quarantine: Path
+    reports: Path
+    manifest: Path
+    state: Path
+
+    @property
+    def pending(self) -> Path:
+        """Journals of commits in progress (one per batch)."""
+        return self.state / "pending"
+
+    @property
+    def scratch(self) -> Path:
+        """The one place ingest creates temp files; emptied when the next run (or recovery) starts."""
+        return self.state / "tmp"
+
+    @property
+    def push_marker(self) -> Path:
+        """Present while the DVC remote may lack committed data (removed after a successful push)."""
+        return self.state / "push-pending.json"
+
+    @property
+    def dvc_file(self) -> Path:
+        return self.root / f"{self.store.relative_to(self.root)}.dvc"
+
+
+def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None = None) -> Paths:
+    root = Path(repo_root).resolve()
+    return Paths(
+        root=root,
+        inbox=Path(inbox).resolve() if inbox is not None else (root / config.inbox).resolve(),
+        store=root / config.store,
+        quarantine=root / config.quarantine,
+        reports=root / config.reports,
+        manifest=root / config.manifest,
+        state=root / STATE_DIR,
+    )
+
+
+def check_inside_inbox(path: Path, inbox: Path) -> Path:
+    """Resolve symlinks and `..`; only regular files inside the inbox are accepted."""
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(inbox):
+        raise BatchRejected(f"{path} is outside the inbox {inbox}; copy the file into the inbox first")
+    if not resolved.is_file():
+        raise BatchRejected(f"{path} does not exist or is not a regular file")
+    return resolved
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,67 @@
+"""The ingest manifest: one JSON line per committed batch, the record of what the store holds and why."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from recsys import store as raw_store
+from recsys.ingest.errors import IngestError
+
+log = logging.getLogger(__name__)
+
+
+def read_manifest(manifest: Path) -> list[dict[str, Any]]:
+    if not manifest.exists():
+        return []
+    records = []
+    for number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise IngestError(
+                f"{manifest}:{number} is not valid JSON ({err}); fix or restore it from git"
+            ) from err
+    return records
+
+
+def repair_manifest(manifest: Path) -> None:
+    """Drop a torn last line (a crash in the middle of an append); its batch is re-recorded from the
+    journal."""
+    if not manifest.exists():
+        return
+    data = manifest.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with open(manifest, "r+b") as handle:
+            handle.truncate(cut)
+            handle.flush()
+            os.fsync(handle.fileno())
+        log.warning("removed a torn last line from %s", manifest)
+
+
+def append_manifest(manifest: Path, record: dict[str, Any]) -> None:
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+    with open(manifest, "ab") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+    raw_store.fsync_dir(manifest.parent)
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any], scratch: Path) -> None:
+    """Write via a temp file in `scratch` (same file system), fsync, rename, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch.mkdir(parents=True, exist_ok=True)
+    tmp = scratch / f"{path.parent.name}-{path.name}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    raw_store.fsync_dir(path.parent)

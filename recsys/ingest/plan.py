@@ -1,0 +1,142 @@
+"""Planning a batch: everything up to the commit, with no side effects.
+
+Schema check, canonical types, whole-batch validation, per-row quarantine reasons, and deduplication within
+the batch and against the store. A bad batch raises `BatchRejected`; a good one gives a `Plan`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from recsys import validation
+from recsys.config import IngestConfig
+from recsys.ingest.canonical import CANONICAL, KEY, to_canonical
+from recsys.ingest.errors import BatchRejected
+from recsys.ingest.keys import KeyIndex
+from recsys.ingest.layout import Paths
+from recsys.ingest.read import read_batch
+from recsys.ingest.report import group_reasons
+from recsys.schema import ITEM, TIMESTAMP, USER
+
+
+
+def dedup_within(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of rows to drop so that each (user, item, timestamp) key appears once.
+
+    The survivor of a group is chosen by content (smallest rating, then event), not by position, so the
+    kept rows do not depend on the batch's row order. Survivors keep their original relative order.
+    """
+    has_dup = frame.duplicated(subset=KEY, keep=False).to_numpy()
+    drop = np.zeros(len(frame), dtype=bool)
+    if not has_dup.any():
+        return drop
+    sub = frame.loc[has_dup, CANONICAL]
+    ordered = sub.sort_values(CANONICAL, kind="stable", na_position="last")
+    loser_labels = ordered.index[ordered.duplicated(subset=KEY, keep="first").to_numpy()]
+    drop[frame.index.get_indexer(loser_labels)] = True
+    return drop
+
+
+@dataclass
+class Plan:
+    rows_in: int
+    accepted: pd.DataFrame
+    quarantined: pd.DataFrame  # raw (mapped) rows + reason
+    rows_duplicate: int
+    reasons: dict[str, int]
+    validations: list[validation.SuiteResult]
+
+
+def plan(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> Plan:
+    """Everything up to the commit, with no side effects (the index is only read); raises BatchRejected."""
+    raw = read_batch(path, config)
+    now = int(time.time())
+    parameters = validation.suite_parameters(config, now, has_history=index.has_events())
+    schema = validation.run_suite(validation.SCHEMA_SUITE, raw, parameters)
+    if not schema.success:
+        raise BatchRejected(_schema_message(path.name, schema, config), [schema], rows_in=len(raw))
+
+    typed = to_canonical(raw)
+    # Seen users/items and stored event keys come from the key index: O(batch), whatever the store's size.
+    typed[validation.UNSEEN_USER] = (typed[USER].notna() & ~index.known("users", typed[USER])).astype(np.int8)
+    typed[validation.UNSEEN_ITEM] = (typed[ITEM].notna() & ~index.known("items", typed[ITEM])).astype(np.int8)
+    batch = validation.run_suite(validation.BATCH_SUITE, typed, parameters)
+    reasons = validation.row_failures(typed, parameters)
+    bad = (reasons != "").to_numpy()
+    counts = group_reasons(reasons[bad])
+    bad_share = float(bad.mean()) if len(bad) else 0.0
+    details = {"rows_in": len(raw), "rows_bad": int(bad.sum()), "bad_row_share": bad_share, "reasons": counts}
+    if not batch.success or bad_share > config.max_bad_row_share:
+        raise BatchRejected(_batch_message(path.name, batch, details, config), [schema, batch], **details)
+
+    good = typed.loc[~bad, list(CANONICAL)].astype({TIMESTAMP: "int64"})
+    within = dedup_within(good)
+    against = index.seen(good) & ~within
+    accepted = good.loc[~(within | against)].reset_index(drop=True)
+    store_check = validation.run_suite(validation.STORE_SUITE, accepted, parameters)
+    if not store_check.success:
+        failed = "; ".join(o.describe() for o in store_check.failures)
+        raise BatchRejected(
+            f"{path.name}: rows to append fail the store suite (a bug in row filtering): {failed}",
+            [schema, batch, store_check],
+            **details,
+        )
+    quarantined = raw.loc[bad].copy()
+    quarantined["reason"] = reasons[bad].to_numpy()
+    return Plan(
+        len(raw),
+        accepted,
+        quarantined,
+        int(within.sum() + against.sum()),
+        counts,
+        [schema, batch, store_check],
+    )
+
+
+def _batch_message(
+    source: str, batch: validation.SuiteResult, details: dict[str, Any], config: IngestConfig
+) -> str:
+    rows, bad = details["rows_in"], details["rows_bad"]
+    if rows < config.min_rows:
+        return f"{source}: batch rejected: it has {rows} data rows, at least {config.min_rows} required"
+    parts = []
+    if bad:
+        top = ", ".join(f"{n} × {reason}" for reason, n in list(details["reasons"].items())[:3])
+        parts.append(
+            f"{bad} of {rows} rows ({details['bad_row_share']:.1%}) fail row checks "
+            f"(limit {config.max_bad_row_share:.1%}): {top}"
+        )
+    # Row-rule failures are summarised by the reason counts above; table-level ones are listed as such.
+    parts += [o.describe() for o in batch.failures if o.unexpected_count is None]
+    return f"{source}: batch rejected: " + "; ".join(parts)
+
+
+def _schema_message(source: str, schema: validation.SuiteResult, config: IngestConfig) -> str:
+    problems = []
+    for outcome in schema.failures:
+        if outcome.expectation == "expect_table_columns_to_match_set":
+            observed = outcome.observed if isinstance(outcome.observed, dict) else {}
+            mismatched = observed.get("mismatched", {})
+            if mismatched.get("missing"):
+                problems.append(f"missing column(s) {sorted(mismatched['missing'])}")
+            if mismatched.get("unexpected"):
+                problems.append(f"unexpected column(s) {sorted(mismatched['unexpected'])}")
+        else:
+            problems.append(
+                f"column {outcome.column!r} has type {outcome.observed}, expected one of "
+                f"{outcome.kwargs.get('type_list')}"
+            )
+    hint = (
+        " (rename them with ingest.column_mapping, or set ingest.extra_columns: drop)"
+        if any("column(s)" in p for p in problems)
+        else ""
+    )
+    return f"{source}: wrong schema: {'; '.join(problems) or 'see report'}{hint}"
+
+

@@ -1,0 +1,108 @@
+"""Recovery: finish or roll back what a crash interrupted, before anything reads or writes the store.
+
+`recover` is the one function every entry point that reads the store calls first (the `prepare` stage,
+hence `dvc repro` and the retrain flow; the ingest CLI and flow through `run`). It empties the scratch
+folder and completes (part on disk) or rolls back (part never written) each commit whose journal is still
+in `.ingest/pending/`, so no reader ever sees a part without its manifest record. `complete_push` finishes a
+push that a crash or an unreachable remote left undone; only ingest runs push (a reader needs no remote).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from recsys import store as raw_store
+from recsys.config import IngestConfig
+from recsys.ingest.commit import finish_commit
+from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push
+from recsys.ingest.errors import IngestError
+from recsys.ingest.keys import KeyIndex
+from recsys.ingest.layout import Paths, paths
+from recsys.ingest.manifest import read_manifest, repair_manifest
+from recsys.ingest.report import write_final_report
+from recsys.workspace import fault_point, workspace_lock
+
+log = logging.getLogger(__name__)
+
+
+def recover(repo_root: str | Path, config: IngestConfig | None = None) -> list[str]:
+    """Finish or roll back commits interrupted by a crash; returns what was done (empty when nothing was).
+
+    Takes the workspace lock, so it also waits for an ingest in progress; a process started by a lock
+    holder (`dvc repro` inside the retrain flow) shares its parent's lock.
+    """
+    where = paths(repo_root, config or IngestConfig())
+    with workspace_lock(where.root):
+        return recover_locked(where)
+
+
+def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
+    """`recover` for a caller that already holds the workspace lock."""
+    actions = []
+    clear_scratch(paths)
+    repair_manifest(paths.manifest)
+    if not paths.pending.is_dir():
+        return actions
+    recorded = {r["batch_sha256"]: r for r in read_manifest(paths.manifest)}
+    for journal in sorted(paths.pending.glob("*.json")):
+        entry = json.loads(journal.read_text(encoding="utf-8"))
+        record, part = entry["record"], entry["record"]["part_file"]
+        sha = record["batch_sha256"]
+        part_path = paths.store / raw_store.INTERACTIONS_DIR / part if part else None
+        if sha in recorded:
+            write_final_report(entry, recorded[sha]["data_version"])
+            action = f"batch {sha[:16]} was already recorded; cleared its journal"
+        elif part_path is not None and not part_path.exists():
+            quarantine = entry["report"].get("quarantine_file")
+            if quarantine:
+                Path(quarantine).unlink(missing_ok=True)
+            action = f"batch {sha[:16]} ({record['source']}) crashed before its part was written; rolled back"
+        else:
+            try:
+                record = finish_commit(paths, entry, index)
+            except IngestError as err:  # e.g. `dvc add` refused inside `dvc repro`: stop before any read
+                raise IngestError(
+                    f"batch {sha[:16]} ({record['source']}) was written but not recorded, and completing "
+                    f"it failed ({err}); run `recsys ingest` (it completes interrupted commits), then retry"
+                ) from err
+            action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
+        journal.unlink()
+        raw_store.fsync_dir(paths.pending)
+        log.warning("recovery: %s", action)
+        actions.append(action)
+    return actions
+
+
+def clear_scratch(paths: Paths) -> None:
+    """Temp files of an interrupted run: the scratch folder, and `.tmp-*` parts of older versions."""
+    shutil.rmtree(paths.scratch, ignore_errors=True)
+    raw_store.remove_stale_temp_files(paths.store)
+
+
+def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False) -> str | None:
+    """Push the store if the push marker says the remote may lack data; returns what was done.
+
+    Raises `IngestError` when the push fails: the data is committed locally, and the marker stays, so
+    the next run (or a retry of this one) pushes it.
+    """
+    if not paths.push_marker.exists():
+        return None
+    if not (config.dvc_push and dvc_enabled(paths.root)):
+        paths.push_marker.unlink()
+        return None
+    version = data_version(paths)
+    fault_point("before_push")
+    failure = dvc_push(paths)
+    if failure:
+        raise IngestError(
+            f"the DVC remote does not have data version {version} yet: {failure}; the data is committed "
+            "locally — run `recsys ingest` (or `dvc push data.dvc`) again once the remote is reachable"
+        )
+    fault_point("after_push")
+    paths.push_marker.unlink()
+    raw_store.fsync_dir(paths.state)
+    what = "completed an interrupted push" if interrupted else "pushed"
+    return f"{what}: data version {version} is on the DVC remote"

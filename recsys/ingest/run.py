@@ -1,0 +1,162 @@
+"""Running ingest: under the workspace lock, recover, finish a pending push, ingest each batch file in
+turn, file it away, and push. What the CLI (`recsys ingest`) and the flow (`flows/ingest.py`) both call."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from recsys import validation
+from recsys.config import IngestConfig
+from recsys.ingest import layout
+from recsys.ingest.commit import commit, mark_push_pending
+from recsys.ingest.errors import BatchRejected, IngestError
+from recsys.ingest.keys import KeyIndex, open_index
+from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256
+from recsys.ingest.manifest import read_manifest
+from recsys.ingest.plan import plan
+from recsys.ingest.recovery import complete_push, recover_locked
+from recsys.ingest.report import IngestSummary, iso, rejected
+from recsys.workspace import workspace_lock
+
+log = logging.getLogger(__name__)
+
+PROCESSED, REJECTED = "processed", "rejected"  # where `move` files batches, inside the inbox
+
+
+class IngestRun(list):
+    """The batch summaries of one run, in order, plus `actions`: what the run did first or last that
+    was not about one batch (recovered an interrupted commit, completed or made a push)."""
+
+    def __init__(self, summaries: Iterable[IngestSummary] = (), actions: Iterable[str] = ()):
+        super().__init__(summaries)
+        self.actions = list(actions)
+
+
+class PushFailed(IngestError):
+    """The batches are committed locally but the DVC remote does not have them yet."""
+
+    def __init__(self, message: str, run: IngestRun):
+        super().__init__(message)
+        self.run = run
+
+
+def ingest_batches(
+    paths: Sequence[str | Path],
+    repo_root: str | Path,
+    config: IngestConfig,
+    inbox: str | Path | None = None,
+    move: bool = False,
+) -> IngestRun:
+    """Ingest each file in turn. A bad batch gives a `rejected` summary (with a report) and changes
+    nothing; `IngestError` is raised only when ingest itself cannot run (DVC, configuration) or the push
+    failed (`PushFailed`, which carries the run). With `move`, each file is then moved to
+    `inbox/processed/` (ingested or already ingested) or `inbox/rejected/`, as the flow does."""
+    where = layout.paths(repo_root, config, inbox)
+    return _run(where, config, [Path(p) for p in paths], move)
+
+
+def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
+    """Ingest every file now in the inbox (sorted by name) and move it to `processed/` or `rejected/`."""
+    return _run(layout.paths(repo_root, config), config, None, move=True)
+
+
+def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:
+    with workspace_lock(where.root), open_index(where.state) as index:
+        run = IngestRun(actions=recover_locked(where, index))
+        if run.actions:  # a commit completed by recovery may never have been pushed
+            mark_push_pending(where, config)
+        indexed = index.sync(where.store)
+        if indexed:
+            log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
+        push_error = _push(where, config, run, interrupted=True)
+        for path in _inbox_files(where) if files is None else files:
+            summary = _ingest_one(path, where, config, index)
+            if move:
+                _file_away(path, summary, where)
+            run.append(summary)
+        # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
+        push_error = push_error or _push(where, config, run)
+        if push_error:
+            raise PushFailed(push_error, run)
+    for action in run.actions:
+        log.info("ingest: %s", action)
+    return run
+
+
+def _push(where: Paths, config: IngestConfig, run: IngestRun, interrupted: bool = False) -> str | None:
+    """Push if the marker says so; note what was done in `run`, return why it failed (or None)."""
+    try:
+        pushed = complete_push(where, config, interrupted)
+    except IngestError as err:
+        return str(err)
+    if pushed:
+        run.actions.append(pushed)
+    return None
+
+
+def _inbox_files(where: Paths) -> list[Path]:
+    if not where.inbox.is_dir():
+        return []
+    return sorted(
+        p for p in where.inbox.iterdir() if not p.name.startswith(".") and (p.is_file() or p.is_symlink())
+    )
+
+
+def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
+    """Move a batch out of the inbox once it is dealt with, so the inbox holds only what is new."""
+    if summary.batch_sha256 is None:  # refused before reading (outside the inbox, missing): not ours to move
+        return
+    target = where.inbox / (REJECTED if summary.status == "rejected" else PROCESSED)
+    if path.resolve().parent == target:
+        return
+    target.mkdir(exist_ok=True)
+    os.replace(path, target / path.name)
+
+
+def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> IngestSummary:
+    started = time.time()
+    try:
+        resolved = check_inside_inbox(path, where.inbox)
+    except BatchRejected as rejection:
+        return rejected(None, path.name, str(rejection), None, None)
+    sha = file_sha256(resolved)
+    for record in read_manifest(where.manifest):
+        if record["batch_sha256"] == sha:
+            return _already_ingested(path.name, sha, record)
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.stem)[:64]
+    report_json = where.reports / f"{stem}-{sha[:16]}.json"
+    report_md = where.reports / f"{stem}-{sha[:16]}.md"
+    base = {"source": path.name, "batch_sha256": sha, "started_at": iso(started)}
+    try:
+        planned = plan(resolved, where, config, index)
+    except BatchRejected as rejection:
+        report = {
+            **base,
+            "status": "rejected",
+            "message": str(rejection),
+            **rejection.details,
+            "validations": [v.to_dict() for v in rejection.validations],
+        }
+        validation.write_report(report, report_json, report_md)
+        log.warning("rejected %s: %s", path.name, rejection)
+        return rejected(sha, path.name, str(rejection), report_json, report_md, rejection.details)
+    return commit(sha, path.name, planned, where, config, report_json, report_md, base, index)
+
+
+def _already_ingested(source: str, sha: str, record: dict) -> IngestSummary:
+    # The caller prints the file name; the message names the original only when it was another file.
+    origin = f" from {record['source']}" if record["source"] != source else ""
+    part = record.get("part_file") or "no new rows"
+    message = (
+        f"already ingested{origin} as {part} on {record.get('ingested_at', '?')[:10]} "
+        f"(data version {record.get('data_version')}); nothing to do"
+    )
+    return IngestSummary(
+        sha, source, "duplicate_batch", record["rows_in"], 0, 0, 0, record.get("part_file"),
+        record.get("data_version"), None, None, message,
+    )

@@ -1,0 +1,51 @@
+"""The key index answers what the store holds without reading the store, and follows the store."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from recsys import store as raw_store
+from recsys.ingest import ingest_batches
+from recsys.ingest.keys import INDEX_FILE, open_index
+from recsys.store import read_store
+from test_ingest_support import config, events, make_repo, write_frame
+
+CFG = config()
+
+
+def test_ingest_never_reads_the_whole_store(tmp_path, monkeypatch):
+    repo = make_repo(tmp_path / "repo")
+    ingest_batches([write_frame(repo / "inbox" / "h.csv", events(30))], repo, CFG)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("ingest read the whole store; it must use the key index (O(batch))")
+
+    monkeypatch.setattr(raw_store, "read_store", forbidden)
+    batch = pd.concat([events(5, start=25), events(5, start=100)], ignore_index=True)  # 5 already stored
+    [summary] = ingest_batches([write_frame(repo / "inbox" / "b.csv", batch)], repo, CFG)
+    assert (summary.status, summary.rows_accepted, summary.rows_duplicate) == ("ingested", 5, 5)
+    monkeypatch.undo()
+    assert len(read_store(repo / "data")) == 35
+
+
+def test_index_matches_the_store_and_is_rebuilt_when_the_store_changes_under_it(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    first, second = events(10), events(10, start=50)
+    ingest_batches([write_frame(repo / "inbox" / "1.csv", first)], repo, CFG)
+    [summary] = ingest_batches([write_frame(repo / "inbox" / "2.csv", second)], repo, CFG)
+    stored = read_store(repo / "data")
+    unknown = events(3, start=500)
+    with open_index(repo / ".ingest") as index:
+        assert index.seen(stored).all() and not index.seen(unknown).any()
+        assert index.known("users", pd.Series(["u1", "nobody", None])).tolist() == [True, False, False]
+
+    # A part that vanished (a `dvc checkout` of an older data version): the index is rebuilt from disk.
+    (repo / "data" / "interactions" / summary.part_file).unlink()
+    with open_index(repo / ".ingest") as index:
+        assert index.sync(repo / "data") == [raw_store.list_parts(repo / "data")[0].name]
+        assert index.seen(first).all() and not index.seen(second).any()
+
+    # A lost index file is rebuilt by the next run, and dedup still works.
+    (repo / ".ingest" / INDEX_FILE).unlink()
+    [again] = ingest_batches([write_frame(repo / "inbox" / "3.csv", first.iloc[::-1])], repo, CFG)
+    assert (again.rows_accepted, again.rows_duplicate) == (0, 10)

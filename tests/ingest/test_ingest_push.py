@@ -1,0 +1,124 @@
+"""Push is part of the commit, and every crash boundary converges: real git + DVC repos with a local remote,
+`recsys ingest` run as a real subprocess that dies at each named boundary (RECSYS_FAULT makes it `os._exit`,
+which is what `kill -9` does to it), then a re-run. Afterwards: exactly-once data, `dvc status` and
+`dvc status -c` clean, no leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recsys import ingest
+from recsys.ingest.manifest import read_manifest
+from recsys.store import read_store
+from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, write_frame
+
+pytestmark = pytest.mark.slow
+PARAMS = "ingest:\n  max_unseen_item_share: 1.0\n"
+BOUNDARIES = ["after_journal", "part_temp_written", "after_part_write", "after_dvc_add", "after_manifest",
+              "before_push", "after_push"]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    base = tmp_path_factory.mktemp("push")
+    repo = make_dvc_repo(base / "repo", base / "remote")
+    (repo / "params.yaml").write_text(PARAMS)
+    result = cli(repo, repo / "inbox" / "h.csv", frame=events(30))
+    assert result.returncode == 0, result.stderr
+    return repo
+
+
+@pytest.fixture
+def repo(template, tmp_path):
+    repo = copy_repo(template, tmp_path / "repo")
+    remote = tmp_path / "remote"
+    run(["cp", "-r", str(template.parent / "remote"), str(remote)], tmp_path)
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(remote)], repo)
+    return repo
+
+
+def cli(repo, path=None, frame=None, fault=None):
+    """`recsys ingest [PATH] --params params.yaml` in a fresh interpreter, optionally dying at `fault`."""
+    if frame is not None:
+        write_frame(path, frame)
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    env.pop(ingest.FAULT_ENV, None)
+    if fault:
+        env[ingest.FAULT_ENV] = fault
+    args = [sys.executable, "-m", "recsys.cli", "ingest", *([str(path)] if path else []), "--params",
+            str(repo / "params.yaml")]
+    return subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, check=False)
+
+
+def dvc_clean(repo):
+    """`dvc status` (workspace vs data.dvc) and `dvc status -c` (cache vs remote) both report nothing."""
+    local = json.loads(run([str(VENV_BIN / "dvc"), "status", "--json", "data.dvc"], repo))
+    remote = json.loads(run([str(VENV_BIN / "dvc"), "status", "-c", "--json", "data.dvc"], repo))
+    return local == {} and remote == {}, (local, remote)
+
+
+def leftovers(repo):
+    state = repo / ".ingest"
+    found = [p for p in (state / "tmp").rglob("*")] if (state / "tmp").exists() else []
+    found += list((state / "pending").iterdir()) if (state / "pending").exists() else []
+    found += [p for p in (repo / "data" / "interactions").iterdir() if p.name.startswith(".")]
+    found += [state / "push-pending.json"] if (state / "push-pending.json").exists() else []
+    return found
+
+
+@pytest.mark.parametrize("fault", BOUNDARIES)
+def test_killed_at_each_boundary_then_rerun_converges_exactly_once(repo, fault):
+    batch = events(12, start=100)
+    path = repo / "inbox" / "b.csv"
+    crashed = cli(repo, path, frame=batch, fault=fault)
+    assert crashed.returncode != 0, crashed.stdout  # it really died there
+    assert "Traceback" not in crashed.stderr
+
+    # The re-run: the file is still in the inbox (a crash before it was filed away) or in processed/.
+    pending = path if path.exists() else repo / "inbox" / "processed" / "b.csv"
+    again = cli(repo, pending)
+    assert again.returncode == 0, again.stderr
+    assert len(read_store(repo / "data")) == 42  # exactly once
+    assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == ["h.csv", "b.csv"]
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    assert leftovers(repo) == []
+    if fault in ("after_manifest", "before_push"):
+        assert "already ingested" in again.stdout and "completed an interrupted push" in again.stdout
+
+
+def test_nothing_new_run_finishes_a_pending_push_and_says_so(repo):
+    crashed = cli(repo, repo / "inbox" / "b.csv", frame=events(5, start=200), fault="before_push")
+    assert crashed.returncode != 0
+    clean, _ = dvc_clean(repo)
+    assert not clean  # committed locally, not on the remote
+    again = cli(repo)  # empty inbox: nothing to ingest
+    assert again.returncode == 0, again.stderr
+    assert "completed an interrupted push: data version" in again.stdout
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    quiet = cli(repo)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == ""
+
+
+def test_unreachable_remote_fails_the_run_with_one_line_and_the_next_run_pushes(repo, tmp_path):
+    good_remote = run([str(VENV_BIN / "dvc"), "remote", "list"], repo).split()[1]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the remote folder should be")
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(blocked)], repo)
+    result = cli(repo, repo / "inbox" / "b.csv", frame=events(5, start=300))
+    assert result.returncode == 1
+    assert "b.csv: ingested 5 rows" in result.stdout
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "the DVC remote does not have data version" in error[0], result.stderr
+    assert "Traceback" not in result.stderr
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", good_remote], repo)
+    again = cli(repo)
+    assert again.returncode == 0 and "completed an interrupted push" in again.stdout, again.stderr
+    clean, status = dvc_clean(repo)
+    assert clean, status
