@@ -119,7 +119,14 @@ def _batch_message(
 
 def _schema_message(source: str, schema: validation.SuiteResult, config: IngestConfig) -> str:
     problems = []
+    missing: set[str] = set()
     for outcome in schema.failures:
+        if outcome.expectation == "expect_table_columns_to_match_set":
+            observed = outcome.observed if isinstance(outcome.observed, dict) else {}
+            missing |= set(observed.get("mismatched", {}).get("missing") or [])
+    for outcome in schema.failures:
+        if outcome.expectation != "expect_table_columns_to_match_set" and outcome.column in missing:
+            continue  # a missing column has no type: "missing column(s)" already says it
         if outcome.expectation == "expect_table_columns_to_match_set":
             observed = outcome.observed if isinstance(outcome.observed, dict) else {}
             mismatched = observed.get("mismatched", {})

@@ -1,7 +1,7 @@
 """Reading and decoding a batch file (CSV, Parquet, JSON lines) into a frame with the canonical column names.
 
 Values are not converted here (that is `recsys.ingest.canonical`): CSV values stay strings (ids like "007"
-keep their zeros); Parquet and JSON keep their own types. Parquet timestamps become UTC seconds.
+keep their zeros); Parquet and JSON keep their own types. Timestamps (Parquet's, or ISO strings in JSON) become UTC seconds.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ def _read_parquet(path: Path) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
         raise BatchRejected(f"{path.name}: cannot read Parquet (truncated or corrupt?): {err}") from err
+    return _times_to_seconds(table)
+
+
+def _times_to_seconds(table: pa.Table) -> pa.Table:
+    """Timestamp and date columns (Parquet's own, or ISO strings pyarrow's JSON reader inferred) as UTC
+    epoch seconds, so every reader hands the same value to the canonicaliser."""
     columns = []
     for column in table.columns:
         if pa.types.is_timestamp(column.type):
@@ -115,9 +121,10 @@ def _read_jsonl(path: Path) -> pa.Table:
     if not data.strip():
         raise BatchRejected(f"{path.name} has no JSON lines")
     try:
-        return pajson.read_json(io.BytesIO(data))
+        table = pajson.read_json(io.BytesIO(data))
     except pa.ArrowException as err:
         raise BatchRejected(f"{path.name}: malformed JSON lines: {_arrow_message(err)}") from err
+    return _times_to_seconds(table)
 
 
 def _arrow_message(err: Exception) -> str:

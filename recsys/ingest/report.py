@@ -40,6 +40,11 @@ def ingested_message(record: dict[str, Any]) -> str:
     return f"ingested {record['rows_accepted']} rows (data version {record['data_version']}){tail}"
 
 
+def without_source(source: str, message: str) -> str:
+    """Callers print a summary's source beside its message: the message says it once, not twice."""
+    return message[len(source) + 2:] if message.startswith(f"{source}: ") else message
+
+
 def rejected(
     sha: str | None,
     source: str,
@@ -49,6 +54,7 @@ def rejected(
     details: dict[str, Any] | None = None,
 ) -> IngestSummary:
     details = details or {}
+    message = without_source(source, message)
     return IngestSummary(
         sha,
         source,

@@ -94,13 +94,16 @@ def test_float_ids_and_missing_event_through_data_import_table(tmp_path):
     assert_canonical(read_store(out))
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
-def test_import_and_ingest_agree_on_text_formats(tmp_path, suffix):
+@pytest.mark.parametrize("suffix,times", [(".csv", "epoch"), (".jsonl", "epoch"), (".csv", "iso"),
+                                          (".jsonl", "iso")])
+def test_import_and_ingest_agree_on_text_formats(tmp_path, suffix, times):
+    """Epoch seconds or ISO-8601 strings (which pyarrow's JSON reader turns into timestamps by itself)."""
+    ts = [T0, T0 + 1, T0 + 2]
     frame = pd.DataFrame(
         {
             "customer": [7, 8, 7],
             "sku": [100, 101, 102],
-            "ts": [T0, T0 + 1, T0 + 2],
+            "ts": ts if times == "epoch" else pd.to_datetime(ts, unit="s", utc=True).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "kind": ["view", None, "click"],
         }
     )
