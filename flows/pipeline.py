@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
         summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, inbox=args.inbox,
                            repo_root=args.repo_root)
         print(json.dumps(summary, indent=2, default=str))
-        print(describe_champion(Path(args.repo_root), summary["retrain"].get("decision")))
+        changed = bool(summary["ingest"].get("batches") or summary["retrain"].get("stages_run"))
+        # A sample of what the champion recommends when something changed (scoring loads torch and the model).
+        print(describe_champion(Path(args.repo_root), summary["retrain"].get("decision"), k=5 if changed else 0))
         return summary
 
     run_main(run, args.verbose)

@@ -27,7 +27,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 
 
 def _max_len(model: Any, meta: dict[str, Any]) -> int:
@@ -36,7 +35,6 @@ def _max_len(model: Any, meta: dict[str, Any]) -> int:
     return int(value) if value else 0
 
 
-@torch.no_grad()
 def recommend(
     model: Any,
     meta: dict[str, Any],
@@ -53,6 +51,8 @@ def recommend(
     unknown), `at_time` the moment being recommended for (default: now), `user_index` the model's user id
     (0 = unknown user).
     """
+    import torch  # here, not at import: the flows import this module and most runs never score
+
     from recsys.models.base import Batch
 
     if k < 1:
@@ -74,7 +74,8 @@ def recommend(
         next_time=torch.tensor([now], dtype=torch.long),  # (1,)
     )
     model.eval()
-    scores = model.score(batch)[0].float().cpu().clone()  # (n_items + 1,)
+    with torch.no_grad():
+        scores = model.score(batch)[0].float().cpu().clone()  # (n_items + 1,)
     scores = torch.nan_to_num(scores, nan=float("-inf"))  # topk would rank NaN first
     scores[0] = float("-inf")
     if history:
@@ -328,7 +329,8 @@ def gate_metric(decision: dict[str, Any] | None, champion_version: int) -> float
 
 
 def describe_champion(repo_root: Path, decision: dict[str, Any] | None = None, k: int = 5) -> str:
-    """A few lines for people: the champion, its NDCG@10 as the gate used it, what it recommends to one user."""
+    """A few lines for people: the champion, its NDCG@10 as the gate used it, and (when `k` > 0) what it
+    recommends to one user — which loads the model, so a run that changed nothing passes `k=0`."""
     from recsys.config import load_params
     from recsys.layout import Layout
     from recsys.prepare import load
@@ -341,15 +343,18 @@ def describe_champion(repo_root: Path, decision: dict[str, Any] | None = None, k
         if version is None:
             return "no champion yet"
         info = registry.get_version(version)
-        model, meta = registry.load_champion()
-        user = str(load(paths.prepared).users["user_id"].iloc[0])
-        recs = recommend_for_user(model, meta, registry.champion_dir(), paths.prepared, user, k, None)
+        if k > 0:
+            model, meta = registry.load_champion()
+            user = str(load(paths.prepared).users["user_id"].iloc[0])
+            recs = recommend_for_user(model, meta, registry.champion_dir(), paths.prepared, user, k, None)
     metric = (decision or {}).get("metric") or "ndcg@10"
     used = gate_metric(decision, version)
     if used is not None:
         measured = f"{metric} = {used:.4f} (on the current test set, as the gate used it)"
     else:
         measured = f"{metric} = {info.metrics.get(metric, float('nan')):.4f} (recorded when it was registered)"
-    lines = [f"champion: version {version} ({info.architecture}), test {measured}", f"top-{k} for user {user}:"]
-    lines += [f"  {r.rank}. {r.item_id}  {r.title or ''}  (score {r.score:.3f})" for r in recs]
+    lines = [f"champion: version {version} ({info.architecture}), test {measured}"]
+    if k > 0:
+        lines.append(f"top-{k} for user {user}:")
+        lines += [f"  {r.rank}. {r.item_id}  {r.title or ''}  (score {r.score:.3f})" for r in recs]
     return "\n".join(lines)
