@@ -25,10 +25,11 @@ from flows.artifacts import publish_retrain
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import load_params
-from recsys.layout import Layout
+from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
                                select_models, training_progress)
-from recsys.workspace import fault_point, run_dvc, workspace_lock
+from recsys.faults import fault_point
+from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
@@ -69,6 +70,8 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
         done = run_dvc(paths.root, *args, watch=report)
     update_progress_artifact(progress_id, 100.0, description="dvc repro finished")
+    for stale in prune_resume_state(paths.resume, models):  # outputs complete, however DVC got them
+        logger.info("removed resume state %s", stale)
     ran = [line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Running stage '")]
     logger.info("dvc repro ran %d stage(s): %s", len(ran), ", ".join(ran) or "none (up to date)")
     return ran

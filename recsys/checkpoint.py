@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,8 +23,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from recsys.faults import fault_point
 from recsys.models import build_model, config_from_dict
 from recsys.models.base import SequentialModel
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
@@ -52,8 +56,10 @@ def save_checkpoint(
         "dataset_fingerprint": dataset_fingerprint,
         **(extra or {}),
     }
+    remove_stale_temp_dirs(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        fault_point("checkpoint_temp_written")  # (after mkdtemp: a kill here leaves the temp folder)
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -71,6 +77,17 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def remove_stale_temp_dirs(out: Path) -> list[Path]:
+    """The `.<name>-*` folders a killed save left beside checkpoint `out` (its temp copy, or the previous
+    checkpoint moved aside). One writer per checkpoint (DVC runs one stage per output), so any that exist
+    when a save starts are leftovers."""
+    stale = sorted(p for p in Path(out).parent.glob(f".{Path(out).name}-*") if p.is_dir())
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, left by an interrupted checkpoint save", path)
+    return stale
 
 
 def read_meta(checkpoint_dir: str | Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys.schema import ARROW_SCHEMA, REQUIRED_COLUMNS
-from recsys.workspace import fault_point
+from recsys.faults import fault_point
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from recsys.checkpoint import save_checkpoint
 from recsys.config import TrainConfig
 from recsys.device import resolve_device
 from recsys.entry import model_stage_args
-from recsys.layout import RESUME, Layout
+from recsys.layout import RESUME, Layout, resume_dir, resume_dirs
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
@@ -66,10 +66,16 @@ def run_key(model_name: str, model_config: Any, train_config: TrainConfig, finge
 
 
 class _Resume:
-    """Full trainer state after an epoch, as safetensors + JSON."""
+    """Full trainer state after an epoch, as safetensors + JSON, in `<root>/<model>-<run key>`.
 
-    def __init__(self, root: Path, key: str):
-        self.dir = root / key
+    When training completes, every state of the model goes: this run's, another run key's (an interrupted
+    run of another config or data, which this output replaces) and a `.tmp` a kill left;
+    `recsys.layout.prune_resume_state` does the same when the output is complete by another route (DVC
+    restored it from its cache)."""
+
+    def __init__(self, root: Path, model_name: str, key: str):
+        self.root, self.model_name = root, model_name
+        self.dir = resume_dir(root, model_name, key)
 
     def save(self, model, optimizer, generator: torch.Generator, state: dict) -> None:
         tmp = self.dir.with_name(self.dir.name + ".tmp")
@@ -104,7 +110,8 @@ class _Resume:
         return state
 
     def clear(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        for path in resume_dirs(self.root, self.model_name):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _progress(enabled: str, total: int, desc: str):
@@ -180,7 +187,7 @@ def train_model(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
                                  fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(cfg.seed)
-    resume = _Resume(Path(resume_root or RESUME), run_key(model_name, model_config, cfg, fingerprint))
+    resume = _Resume(Path(resume_root or RESUME), model_name, run_key(model_name, model_config, cfg, fingerprint))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr}

@@ -25,7 +25,6 @@ from recsys.layout import DATA_DVC, STATE
 log = logging.getLogger(__name__)
 
 STATE_DIR = STATE  # git-ignored; shared with recsys.ingest, whose journal lives here too
-FAULT_ENV = "RECSYS_FAULT"
 
 
 class DvcError(RuntimeError):
@@ -52,13 +51,6 @@ def stage_error(args: tuple[str, ...], output: str) -> DvcError:
     if failed:
         return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
     return DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
-
-
-def fault_point(name: str) -> None:
-    """Crash here (no cleanup, like `kill -9`) when RECSYS_FAULT names this point. Used by crash tests."""
-    if os.environ.get(FAULT_ENV) == name:
-        log.error("injected fault at %s", name)
-        os._exit(1)
 
 
 def subprocess_env() -> dict[str, str]:

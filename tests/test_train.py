@@ -153,10 +153,41 @@ def test_other_config_ignores_stale_resume_state(tiny_prepared, tiny_sasrec_conf
             run(tiny_prepared, other_model, other_train, tmp_path, on_epoch=seen)
         assert seen.seen == [1, 2, 3]
         assert "resumed" not in caplog.text
-    # The original configuration still finds its own state.
+    # A completed run of another configuration replaced the output: the interrupted run's state went with
+    # it (issue 16: no leftovers), so the original configuration trains from the start.
+    assert not any((tmp_path / "resume").iterdir())
     seen = Interrupt()
     run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
-    assert seen.seen == [3]
+    assert seen.seen == [1, 2, 3]
+
+
+def test_an_interrupted_runs_state_survives_another_interrupted_run(tiny_prepared, tiny_sasrec_config,
+                                                                      fast_train_config, tmp_path):
+    """Only completion clears: two interrupted configurations each keep their state and resume from it."""
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    other = dataclasses.replace(cfg, lr=1e-3)
+    for train_config in (cfg, other):
+        with pytest.raises(KeyboardInterrupt):
+            run(tiny_prepared, tiny_sasrec_config, train_config, tmp_path, on_epoch=Interrupt(at=2))
+    assert len(list((tmp_path / "resume").iterdir())) == 2
+    seen = Interrupt()
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=seen)
+    assert seen.seen == [3] and not any((tmp_path / "resume").iterdir())
+
+
+def test_resume_state_is_pruned_when_dvc_restored_the_output(tmp_path):
+    """`dvc repro` restored a model from its cache: the stage never ran, so the flow prunes that model's
+    state (and only that model's: `sasrec-big` is another model)."""
+    from recsys.layout import prune_resume_state
+
+    root = tmp_path / ".resume"
+    keep = [root / f"sasrec-big-{'b' * 20}", root / f"mojito-{'c' * 20}"]
+    gone = [root / f"sasrec-{'a' * 20}", root / f"sasrec-{'d' * 20}.tmp"]
+    for path in keep + gone:
+        path.mkdir(parents=True)
+        (path / "state.json").write_text("{}")
+    assert sorted(prune_resume_state(root, ["sasrec"])) == sorted(gone)
+    assert sorted(root.iterdir()) == sorted(keep)
 
 
 def test_other_data_ignores_stale_resume_state(tiny_prepared, tiny_interactions, tiny_sasrec_config,
@@ -316,6 +347,33 @@ def test_overwriting_a_checkpoint_leaves_no_temporaries(saved, tiny_sasrec_confi
     save_checkpoint(out, model, dataset_fingerprint="0" * 64, item_ids=list("abcdef"), user_ids=["u1", "u2", "u3"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt"]
     assert load_model(out)[1]["dataset_fingerprint"] == "0" * 64
+
+
+def test_a_save_killed_midway_leaves_a_temp_folder_the_next_save_removes(saved, tmp_path):
+    """kill -9 inside `save_checkpoint` (a real process, `RECSYS_FAULT`) leaves `.ckpt-xxxx` beside the
+    checkpoint; the next save of that checkpoint removes it (issue 16)."""
+    import os
+    import subprocess
+    import sys
+
+    model, out = saved
+    script = (
+        "import torch, sys\n"
+        "from recsys.checkpoint import save_checkpoint\n"
+        "from recsys.models.sasrec import SASRec, SASRecConfig\n"
+        "model = SASRec(SASRecConfig(dim=8, n_layers=1, n_heads=1, max_len=5), n_items=6, n_users=3)\n"
+        "save_checkpoint(sys.argv[1], model, dataset_fingerprint='0' * 64, item_ids=list('abcdef'),\n"
+        "                user_ids=['u1', 'u2', 'u3'])\n"
+    )
+    env = {**os.environ, "RECSYS_FAULT": "checkpoint_temp_written", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == 1, killed.stderr
+    left = [p.name for p in out.parent.iterdir() if p.name.startswith(".ckpt-")]
+    assert len(left) == 1, left  # the leftover the kill made (and the checkpoint itself is untouched)
+    assert load_model(out)[1]["dataset_fingerprint"] == "f" * 64
+    save_checkpoint(out, model, dataset_fingerprint="0" * 64, item_ids=list("abcdef"), user_ids=["u1", "u2", "u3"])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt"]
 
 
 @pytest.mark.parametrize("damage", [

@@ -28,7 +28,7 @@ from recsys.ingest.read import READERS, read_batch
 from recsys.ingest.recovery import complete_push, recover
 from recsys.ingest.report import IngestSummary, Status
 from recsys.ingest.run import IngestRun, PushFailed, ingest_batches, ingest_inbox
-from recsys.workspace import FAULT_ENV
+from recsys.faults import FAULT_ENV
 
 __all__ = [
     "BatchRejected", "CANONICAL", "FAULT_ENV", "FAULT_POINTS", "IngestError", "IngestRun", "IngestSummary",

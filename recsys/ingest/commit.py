@@ -25,7 +25,7 @@ from recsys.ingest.layout import Paths
 from recsys.ingest.manifest import append_manifest, write_json_atomic
 from recsys.ingest.plan import Plan
 from recsys.ingest.report import IngestSummary, ingested_message, iso, write_final_report
-from recsys.workspace import fault_point
+from recsys.faults import fault_point
 
 log = logging.getLogger(__name__)
 

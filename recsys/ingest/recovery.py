@@ -23,7 +23,8 @@ from recsys.ingest.keys import KeyIndex
 from recsys.ingest.layout import Paths, paths
 from recsys.ingest.manifest import read_manifest, repair_manifest
 from recsys.ingest.report import write_final_report
-from recsys.workspace import fault_point, workspace_lock
+from recsys.faults import fault_point
+from recsys.workspace import workspace_lock
 
 log = logging.getLogger(__name__)
 
