@@ -1,6 +1,7 @@
 """Great Expectations (1.x) suites for incoming interaction batches, plus the per-row view of the same rules.
 
-The suites live as JSON in `expectations/` and are the single source of truth:
+The suites live as JSON in `expectations/` and are the single source of truth (one file over 400 lines on
+purpose: running a suite and its per-row view must read the same expectations the same way):
 
 - `interactions_schema` — on the batch as read and column-mapped: exact canonical column set, reader dtypes.
   A failure rejects the batch whole.

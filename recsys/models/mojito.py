@@ -1,6 +1,7 @@
 """MOJITO: Attention Mixtures for Time-Aware Sequential Recommendation (Tran et al., SIGIR 2023).
 
-Reference: github.com/deezer/sigir23-mojito (TensorFlow). This is a PyTorch port of its `Mojito` model:
+Reference: github.com/deezer/sigir23-mojito (TensorFlow). This is a PyTorch port of its `Mojito` model (one
+file over 400 lines on purpose: the model's four parts are read against the reference side by side):
 
 - **Time context.** Seven calendar features of every event's UTC timestamp (`time_features.py`) are each
   encoded by a learnable Mercer/Fourier basis (`MercerTimeEncoding`, the reference `basis_time_encode`:

@@ -1,6 +1,7 @@
 """The model registry's writes: registration, the baseline champion, compare-and-promote, rollback.
 
-`promote` in three steps, each safe to repeat after a crash:
+`promote` in three steps, each safe to repeat after a crash (one file over 400 lines on purpose: every write
+and its locking rule in one place, so a reviewer sees all compare-and-swap paths together):
 1. validate everything, then store the checkpoint content-addressed (`ArtifactStore.put`, idempotent) —
    a refused registration never leaves a copy behind;
 2. register the version under the model's write lock — its number is allocated inside that locked
