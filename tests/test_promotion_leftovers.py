@@ -86,6 +86,7 @@ promote_candidate(root, load_params(root / "params.yaml"), "sasrec")
 """
 
 
+@pytest.mark.slow
 def test_a_promotion_killed_mid_copy_leaves_nothing_after_the_next_one(tmp_path):
     params_path = write_params(tmp_path)
     stage_outputs(tmp_path)

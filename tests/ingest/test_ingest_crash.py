@@ -14,6 +14,8 @@ from recsys import ingest
 from recsys.store import list_parts, read_store
 from test_ingest_support import config, copy_repo, events, make_repo, snapshot, write_frame
 
+pytestmark = pytest.mark.slow  # kill -9 fault injection in real processes (run in CI)
+
 CFG = config()
 SPAWN = multiprocessing.get_context("spawn")
 

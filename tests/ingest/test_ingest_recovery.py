@@ -3,6 +3,8 @@ touches the store next — the prepare stage included — and temp files live in
 
 from __future__ import annotations
 
+import pytest
+
 import multiprocessing
 import os
 
@@ -39,6 +41,7 @@ def params_for(repo):
     return repo / "params.yaml"
 
 
+@pytest.mark.slow
 def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path, monkeypatch):
     repo = make_repo(tmp_path / "repo")
     ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
@@ -56,6 +59,7 @@ def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path, monke
     assert prepare.load(tmp_path / "prepared").fingerprint["n_events"] == 60
 
 
+@pytest.mark.slow
 def test_recover_rolls_back_a_commit_whose_part_never_appeared(tmp_path):
     repo = make_repo(tmp_path / "repo")
     ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
@@ -70,6 +74,7 @@ def test_recover_rolls_back_a_commit_whose_part_never_appeared(tmp_path):
     assert summary.status == "ingested" and len(read_store(repo / "data")) == 59
 
 
+@pytest.mark.slow
 def test_temp_files_live_in_the_scratch_folder_and_the_next_run_removes_them(tmp_path):
     repo = make_repo(tmp_path / "repo")
     ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(10))], repo, CFG)
