@@ -124,8 +124,9 @@ def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> N
 def prepare(params: Path = PARAMS) -> None:
     """The `prepare` stage (same function `dvc repro` runs)."""
     from recsys import prepare as stage
+    from recsys.ingest import recover
 
-    stage.main(["--params", str(params)])
+    stage.main(["--params", str(params)], before_read=recover)  # as `dvc repro` runs it
 
 
 @app.command()

@@ -1,8 +1,8 @@
 """`dvc.yaml`, rendered from the layout and the stages' real imports.
 
 Each stage's `deps` lists exactly the project files its module imports, transitively (found by walking the
-`import` statements with `ast`, function-level imports included), so editing a module re-runs exactly the
-stages that run it — and nothing else. Paths come from `recsys.layout`.
+`import` statements with `ast`, function-level imports included; a `__main__` block only for the module the
+stage runs), so editing a module re-runs exactly the stages that run it — and nothing else. Paths come from `recsys.layout`.
 
     python -m recsys.dvc_graph          # rewrite dvc.yaml
     python -m recsys.dvc_graph --check  # exit 1 if dvc.yaml is not what would be written (CI runs the test)
@@ -43,9 +43,20 @@ def module_file(module: str, root: Path = REPO_ROOT) -> Path | None:
     return None
 
 
-def _imported_modules(path: Path, module: str) -> set[str]:
-    """Every module an import statement in `path` can load (`from a import b` may mean module a.b)."""
+def _is_main_block(node: ast.AST) -> bool:
+    """`if __name__ == "__main__":` — runs only when the module is the program, never when imported."""
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and len(test.comparators) == 1
+            and getattr(test.comparators[0], "value", None) == "__main__")
+
+
+def _imported_modules(path: Path, module: str, as_program: bool = False) -> set[str]:
+    """Every module an import statement in `path` can load (`from a import b` may mean module a.b). The
+    `__main__` block counts only for the module the stage runs (`as_program`): an importer never runs it."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if not as_program:
+        tree.body = [node for node in tree.body if not _is_main_block(node)]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -84,7 +95,7 @@ def code_deps(module: str, root: Path = REPO_ROOT) -> list[str]:
             if path is None:
                 continue
             files.add(path)
-            pending.extend(_imported_modules(path, name))
+            pending.extend(_imported_modules(path, name, as_program=name == module))
     return sorted(str(p.relative_to(root)) for p in files)
 
 

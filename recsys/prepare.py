@@ -20,12 +20,13 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from recsys import layout, schema
-from recsys.config import PrepareConfig, load_params
+from recsys.config import IngestConfig, PrepareConfig, load_params
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +215,11 @@ def read_titles(store: Path) -> pd.DataFrame | None:
     return pd.read_csv(items_csv, dtype=str) if items_csv.is_file() else None
 
 
-def main(argv: list[str] | None = None) -> None:
-    from recsys.ingest import recover
+def main(argv: list[str] | None = None,
+         before_read: Callable[[Path, IngestConfig], object] | None = None) -> None:
+    """The prepare stage. `before_read(repo root, ingest config)` runs first: the stage's `__main__` passes
+    `recsys.ingest.recover` (an interrupted ingest commit is completed or rolled back before the store is
+    read), kept out of this function so that modules importing this one do not depend on the ingest code."""
     from recsys.store import read_store
 
     parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
@@ -224,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=layout.PREPARED)
     args = parser.parse_args(argv)
     params = load_params(args.params)
-    recover(Path(args.params).resolve().parent, params.ingest)  # no reader sees a half-committed batch
+    if before_read is not None:
+        before_read(Path(args.params).resolve().parent, params.ingest)  # no reader sees a half-committed batch
     store = Path(args.store)
     interactions = read_store(store)
     if len(interactions) == 0:
@@ -240,5 +245,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     from recsys.entry import run_entry
+    from recsys.ingest import recover
 
-    run_entry(main)
+    run_entry(lambda: main(before_read=recover))

@@ -142,10 +142,3 @@ def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:
         return None
     outs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("outs") or []
     return outs[0].get("md5") if outs else None
-
-
-def code_version(root: Path) -> str | None:
-    """The git commit of the code ('-dirty' when changed); one definition, in `recsys.lineage`."""
-    from recsys.lineage import git_code_version
-
-    return git_code_version(root)

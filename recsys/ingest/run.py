@@ -12,11 +12,11 @@ from pathlib import Path
 
 from recsys import validation
 from recsys.config import IngestConfig
-from recsys.ingest import layout
 from recsys.ingest.commit import commit, mark_push_pending
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
 from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256
+from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
 from recsys.ingest.recovery import complete_push, recover_locked
@@ -56,13 +56,13 @@ def ingest_batches(
     nothing; `IngestError` is raised only when ingest itself cannot run (DVC, configuration) or the push
     failed (`PushFailed`, which carries the run). With `move`, each file is then moved to
     `inbox/processed/` (ingested or already ingested) or `inbox/rejected/`, as the flow does."""
-    where = layout.paths(repo_root, config, inbox)
+    where = ingest_paths(repo_root, config, inbox)
     return _run(where, config, [Path(p) for p in paths], move)
 
 
 def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
     """Ingest every file now in the inbox (sorted by name) and move it to `processed/` or `rejected/`."""
-    return _run(layout.paths(repo_root, config), config, None, move=True)
+    return _run(ingest_paths(repo_root, config), config, None, move=True)
 
 
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from recsys.config import ConfigError, GateConfig, RegistryConfig, validate_name
 from recsys.gate import GateDecision, Scores, decide
-from recsys.registry import migrate
+from recsys.registry.migrate import upgrade as upgrade_schema
 from recsys.registry.db import (
     CHAMPION,
     Alias,
@@ -453,7 +453,7 @@ def open_registry(
     except Exception as err:  # a malformed URL, a missing driver
         raise ConfigError(f"registry.url: cannot use {config.url!r}: {err}") from err
     try:
-        migrate.upgrade(engine)
+        upgrade_schema(engine)
     except BaseException:
         engine.dispose()
         raise

@@ -3,10 +3,13 @@ touches the store next — the prepare stage included — and temp files live in
 
 from __future__ import annotations
 
-import pytest
-
 import multiprocessing
 import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from recsys import ingest, prepare
 from recsys.config import PROJECT_ROOT
@@ -42,7 +45,7 @@ def params_for(repo):
 
 
 @pytest.mark.slow
-def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path, monkeypatch):
+def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path):
     repo = make_repo(tmp_path / "repo")
     ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
     path = write_frame(repo / "inbox" / "b.csv", events(20, start=100))
@@ -51,8 +54,11 @@ def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path, monke
     assert len(list_parts(repo / "data")) == 2 and len(read_manifest(repo / "ingest_manifest.jsonl")) == 1
 
     params = params_for(repo)
-    monkeypatch.chdir(repo)
-    prepare.main(["--params", str(params), "--store", "data", "--out", str(tmp_path / "prepared")])
+    # The stage as `dvc repro` runs it (its `__main__` recovers before it reads).
+    done = subprocess.run([sys.executable, "-m", "recsys.prepare", "--params", str(params), "--store", "data",
+                           "--out", str(tmp_path / "prepared")], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     records = read_manifest(repo / "ingest_manifest.jsonl")
     assert [r["source"] for r in records] == ["h.csv", "b.csv"]
     assert list((repo / ".ingest" / "pending").iterdir()) == []
