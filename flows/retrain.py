@@ -3,10 +3,11 @@
     python -m flows.retrain            # every model in params.yaml, only what changed
     python -m flows.retrain --force    # retrain even if DVC says nothing changed
 
-`dvc repro` owns the graph (prepare → train@m → evaluate@m); this flow decides what happens after: the
-candidate (best by *validation* NDCG@10, `recsys.retraining`), the registry's gate against the champion on
-the same test set, and the Prefect artifacts (`flows.artifacts`). Every step is idempotent, so a crashed
-run is simply run again.
+`dvc repro` owns the graph (prepare → train@m → evaluate@m); this flow decides what goes in — each
+model's warm source, the champion a `train.init: warm | auto` run starts from (`recsys.warm_source`, a
+dvc.yaml dependency) — and what happens after: the candidate (best by *validation* NDCG@10,
+`recsys.retraining`), the registry's gate against the champion on the same test set, and the Prefect
+artifacts (`flows.artifacts`). Every step is idempotent, so a crashed run is simply run again.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ def bootstrap(root: str) -> str:
     done = ensure_raw_store(Path(root))
     actions = recover(Path(root), load_params(Layout(Path(root)).params).ingest)
     return "; ".join([done, *actions])
+
+
+@task(name="warm-sources", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
+def warm_sources(root: str) -> list[str]:
+    """Write every model's `artifacts/warm/<model>` from the registry before `dvc repro` reads it."""
+    from recsys.warm_source import resolve_warm_sources
+
+    return resolve_warm_sources(Path(root), load_params(Layout(Path(root)).params))
 
 
 @task(name="dvc-status")
@@ -117,6 +126,8 @@ def retrain(
     paths = Layout(root)
     selected = select_models(load_params(paths.params), models)
     bootstrap(str(root))
+    for line in warm_sources(str(root)):
+        logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]
     stale = stale_stages(str(root), targets)
     logger.info("stale stages: %s", ", ".join(stale) or "none")

@@ -65,14 +65,7 @@ def save_checkpoint(
         (tmp / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         (tmp / "items.json").write_text(json.dumps([None, *map(str, item_ids)]))
         (tmp / "users.json").write_text(json.dumps([None, *map(str, user_ids)]))
-        if out.exists():
-            old = out.with_name(f".{out.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -88,6 +81,18 @@ def remove_stale_temp_dirs(out: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         log.info("removed %s, left by an interrupted checkpoint save", path)
     return stale
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Put the finished directory `tmp` (a sibling of `out`) in place of `out` by renames."""
+    if out.exists():
+        old = out.with_name(f".{out.name}-old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
 
 
 def read_meta(checkpoint_dir: str | Path) -> dict[str, Any]:

@@ -114,10 +114,29 @@ def data_import(
 
 @app.command()
 def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> None:
-    """Make sure the raw store exists: `dvc pull` it, or generate the default dataset and version it."""
+    """Make sure the raw store exists (`dvc pull` it, or generate the default dataset and version it) and
+    write each model's warm source (as `recsys warm`): what `dvc repro` needs before it can run."""
     from recsys.bootstrap import ensure_raw_store
+    from recsys.layout import Layout
+    from recsys.warm_source import resolve_warm_sources
 
     typer.echo(ensure_raw_store(root))
+    for line in resolve_warm_sources(root, load_params(Layout(root).params)):
+        typer.echo(f"warm source {line}")
+
+
+@app.command()
+def warm(
+    model: list[str] = typer.Option([], "--model", help="model(s) to resolve (default: all in params.yaml)"),
+    params: Path = PARAMS,
+) -> None:
+    """Write artifacts/warm/<model>: the registry champion a `train.init: warm | auto` run starts from
+    (nothing for `cold`). Run it before `dvc repro`; the retrain flow and `recsys bootstrap` do."""
+    from recsys.warm_source import resolve_warm_sources
+
+    names = [validate_name(m, "model name") for m in model] or None
+    for line in resolve_warm_sources(Path(params).resolve().parent, load_params(params), names):
+        typer.echo(f"warm source {line}")
 
 
 @app.command()

@@ -80,6 +80,14 @@ class TrainConfig:
     # Training sequences per user: "last" = the newest max_len + 1 training events (the SASRec reference);
     # "all" = the whole training history in windows of max_len + 1 events (recsys.sequences.train_spans).
     windows: Literal["last", "all"] = "last"
+    # Where training starts (recsys/warm.py): "cold" = a fresh initialisation; "warm" = the registry
+    # champion's weights (same model family and shapes, or the stage stops and says what differs); "auto" =
+    # warm when the champion is compatible, else cold with the reason logged — and cold anyway for every
+    # `warm_cold_every`-th version of a warm-started line (0 = never) or when the catalogue grew by more
+    # than `warm_max_catalogue_growth` (new items / the champion's items).
+    init: Literal["cold", "warm", "auto"] = "cold"
+    warm_cold_every: int = 5
+    warm_max_catalogue_growth: float = 0.2
 
     @property
     def effective_lr(self) -> float:
@@ -94,6 +102,12 @@ class TrainConfig:
         for name in ("warmup_steps", "min_epochs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.warm_cold_every < 0:
+            raise ValueError(f"train.warm_cold_every must be >= 0 (0 = never forced cold), got "
+                             f"{self.warm_cold_every}")
+        if not self.warm_max_catalogue_growth >= 0.0:
+            raise ValueError(f"train.warm_max_catalogue_growth must be >= 0, got "
+                             f"{self.warm_max_catalogue_growth}")
         if self.batch_size < 1 or self.lr_reference_batch < 1:
             raise ValueError(f"train.batch_size and train.lr_reference_batch must be >= 1, got "
                              f"{self.batch_size} and {self.lr_reference_batch}")

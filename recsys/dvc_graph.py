@@ -113,7 +113,9 @@ def stages(root: Path = REPO_ROOT) -> dict:
             "foreach": "${models}",
             "do": {
                 "cmd": f"python -m recsys.train --model {ITEM}",
-                "deps": [layout.PREPARED, *code_deps("recsys.train", root)],
+                # The warm source (recsys/warm.py): a new champion re-runs the stages that start from it.
+                "deps": [layout.PREPARED, layout.WARM_DIR.format(model=ITEM),
+                         *code_deps("recsys.train", root)],
                 "params": ["train", ITEM],
                 "outs": [model_dir],
                 "plots": [{layout.CURVE.format(model=ITEM): {"cache": False, "x": "epoch",

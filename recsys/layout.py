@@ -19,6 +19,9 @@ DATA = "data"  # the raw store (tracked by data.dvc, appended to by ingest)
 DATA_DVC = "data.dvc"
 PREPARED = "artifacts/prepared"
 MODEL_DIR = "artifacts/models/{model}"
+# The checkpoint a `train.init: warm | auto` run starts from (recsys/warm.py), written before `dvc repro` by
+# `recsys warm`, `recsys bootstrap` and the retrain flow; a dependency of train@<model> in dvc.yaml.
+WARM_DIR = "artifacts/warm/{model}"
 EVAL_DIR = "artifacts/eval/{model}"
 PER_USER = "artifacts/eval/{model}/per_user.parquet"
 METRICS = "metrics/{model}.json"
@@ -62,6 +65,9 @@ class Layout:
 
     def model_dir(self, model: str) -> Path:
         return self.root / MODEL_DIR.format(model=model)
+
+    def warm_dir(self, model: str) -> Path:
+        return self.root / WARM_DIR.format(model=model)
 
     def eval_dir(self, model: str) -> Path:
         return self.root / EVAL_DIR.format(model=model)

@@ -21,7 +21,8 @@ _NOT_CODE = (":(exclude)dvc.lock", ":(exclude)*.dvc")
 @dataclass(frozen=True)
 class Lineage:
     # {"model": name, "config": the checkpoint's own model config, "train": ..., "evaluate": the evaluation
-    # settings this version was scored with — and with which a champion is re-scored against it}
+    # settings this version was scored with — and with which a champion is re-scored against it, "init":
+    # how training started (recsys/warm.py: {"mode": "warm", "from_version": N, ...} or {"mode": "cold"})}
     params: dict[str, Any]
     dataset_version: str | None
     code_version: str | None
@@ -66,7 +67,16 @@ def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) ->
         "config": checkpoint_meta.get("config"),  # what was trained, from the checkpoint itself
         "train": train,
         "evaluate": dataclasses.asdict(params.evaluate),
+        "init": checkpoint_meta.get("init") or {"mode": "cold"},  # a cold checkpoint records nothing
     }
+
+
+def describe_init(init: dict[str, Any] | None) -> str:
+    """How a version's training started, in a few words: 'warm from v3', 'cold', 'cold (auto: <why>)'."""
+    init = init or {}
+    if init.get("mode") == "warm":
+        return f"warm from v{init.get('from_version')}"
+    return f"cold ({init.get('requested')}: {init['reason']})" if init.get("reason") else "cold"
 
 
 def capture(

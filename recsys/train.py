@@ -1,11 +1,12 @@
-"""Training: (prepared dataset, config) → checkpoint. No other state is read.
+"""Training: (prepared dataset, config, initial weights) → checkpoint. No other state is read.
 
 Seeded; early stopping on validation NDCG@10 (full ranking) — validation selects, the test split is never
 touched here. Each epoch writes one `key=value` log line and one row of the training curve (for
 `dvc plots show`). The best model is checkpointed as safetensors + JSON. Resumable: after each epoch the
 trainer saves its full state (weights, optimizer, RNG, counters) under a key made of the dataset fingerprint
 and the configuration, so an interrupted run continues where it stopped — and a run with other data or
-other hyperparameters can never pick up a stale state.
+other hyperparameters can never pick up a stale state. The initial weights are fresh (`train.init: cold`)
+or the registry champion's, handed in as the stage's `artifacts/warm/<model>` input (recsys/warm.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, summarise
 from recsys.sequences import SequenceData, TrainingTensors, bucketed_batch_rows
+from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +58,13 @@ class TrainResult:
     stopped_by: str
 
 
-def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str) -> str:
-    blob = json.dumps(
-        {"model": model_name, "config": dataclasses.asdict(model_config),
-         "train": dataclasses.asdict(train_config), "data": fingerprint},
-        sort_keys=True,
-    )
+def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
+            init: dict | None = None) -> str:
+    key = {"model": model_name, "config": dataclasses.asdict(model_config),
+           "train": dataclasses.asdict(train_config), "data": fingerprint}
+    if init is not None:  # a warm start from another champion is another run
+        key["init"] = init
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -142,10 +145,12 @@ def train_model(
     *,
     curve_path: str | Path | None = None,
     resume_root: str | Path | None = None,
+    warm_dir: str | Path | None = None,
     on_epoch=None,
 ) -> TrainResult:
     """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
 
+    `warm_dir` is the warm source `train.init: warm | auto` starts from (recsys/warm.py; unread when cold).
     `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress)."""
     started = time.perf_counter()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
@@ -159,12 +164,18 @@ def train_model(
     model.fit_statistics(data.train_items().to(device))
     item_ids = prepared.items["item_id"].tolist()
     user_ids = prepared.users["user_id"].tolist()
+    # Before the optimiser exists, so a warm start always gets a fresh one.
+    init = initialise(model, model_name, model_config, cfg, Path(warm_dir) if warm_dir else None, item_ids,
+                      user_ids)
     out_dir = Path(out_dir)
     curve_rows: list[dict] = []
 
     def checkpoint(epoch: int, valid: dict) -> None:
+        extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)}
+        if init is not None:
+            extra["init"] = init
         save_checkpoint(out_dir, model, dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids,
-                        extra={"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)})
+                        extra=extra)
 
     valid_inputs = validation_inputs(model, data, cfg, device)
     if not model.trainable:
@@ -187,7 +198,8 @@ def train_model(
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
                                  fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(cfg.seed)
-    resume = _Resume(Path(resume_root or RESUME), model_name, run_key(model_name, model_config, cfg, fingerprint))
+    resume = _Resume(Path(resume_root or RESUME), model_name,
+                     run_key(model_name, model_config, cfg, fingerprint, init))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr}
@@ -301,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = Layout(root)
     result = train_model(
         name, params.model_config(name), params.train_config(name), paths.prepared, paths.model_dir(name),
-        curve_path=paths.curve(name), resume_root=paths.resume,
+        curve_path=paths.curve(name), resume_root=paths.resume, warm_dir=paths.warm_dir(name),
     )
     log.info("trained model=%s best_epoch=%d valid_ndcg@10=%.4f seconds=%.1f stopped_by=%s", name,
              result.best_epoch, result.best_valid.get(SELECTION_METRIC, float("nan")), result.seconds,

@@ -67,6 +67,10 @@ def test_unknown_key_is_named(raw, key):
         ({"sasrec": {"loss": "mse"}}, "sasrec.loss"),
         ({"sasrec": {"train": {"epochs": "x"}}}, "sasrec.train.epochs"),
         ({"train": [1, 2]}, "train"),
+        ({"train": {"init": "hot"}}, "train.init"),
+        ({"sasrec": {"train": {"init": "tepid"}}}, "sasrec.train.init"),
+        ({"train": {"warm_cold_every": -1}}, "train.warm_cold_every"),
+        ({"train": {"warm_max_catalogue_growth": -0.5}}, "train.warm_max_catalogue_growth"),
     ],
 )
 def test_wrong_type_is_an_error(raw, where):

@@ -28,6 +28,8 @@ def test_stage_paths_come_from_the_layout():
     assert stages["evaluate"]["do"]["outs"] == [layout.EVAL_DIR.format(model=item)]
     assert list(stages["evaluate"]["do"]["metrics"][0]) == [layout.METRICS.format(model=item)]
     assert layout.MODEL_DIR.format(model=item) in stages["evaluate"]["do"]["deps"]
+    # What a warm start begins from is an input DVC hashes, not registry state the stage looks up.
+    assert layout.WARM_DIR.format(model=item) in stages["train"]["do"]["deps"]
 
 
 def test_code_deps_follow_imports_transitively_and_nothing_else():
@@ -39,7 +41,8 @@ def test_code_deps_follow_imports_transitively_and_nothing_else():
     assert "recsys/checkpoint.py" in evaluate  # imported inside evaluate_checkpoint
     # The cycle is broken: training never runs the evaluate stage's module, nor evaluation the trainer.
     assert "recsys/evaluate.py" not in train and "recsys/train.py" not in evaluate
-    # Nothing the stages never import: the CLI, the registry, the flows.
+    # Nothing the stages never import: the CLI, the registry (nor the warm-source resolver), the flows.
+    assert "recsys/warm.py" in train and "recsys/warm_source.py" not in train
     for deps in (prepare, train, evaluate):
         assert not {d for d in deps if d.startswith(("recsys/registry/", "recsys/commands/", "flows/"))}
         assert "recsys/cli.py" not in deps

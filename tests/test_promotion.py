@@ -94,6 +94,7 @@ def test_flow_and_cli_record_identical_lineage(workspace):
         "model": "sasrec", "config": checkpoint_config,
         "train": json.loads(json.dumps(dataclasses.asdict(params.train_config("sasrec")))),
         "evaluate": json.loads(json.dumps(dataclasses.asdict(params.evaluate))),
+        "init": {"mode": "cold"},  # trained with train.init: cold (the checkpoint records no init)
     }
     # Registered by hand, the version still records its code (dirty: code.py was edited) and dataset.
     assert candidate["code_version"] == baseline["code_version"] == f"{head}-dirty"

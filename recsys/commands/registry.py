@@ -11,6 +11,7 @@ from typing import Annotated, Iterator, NoReturn
 import typer
 
 from recsys.config import DEFAULT_PARAMS, ConfigError, load_params
+from recsys.lineage import describe_init
 
 app = typer.Typer(help="Model registry: versions, the champion, promotion history, rollback.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -122,6 +123,7 @@ def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
                 v.architecture,
                 v.status,
                 v.role or "",
+                describe_init(v.params.get("init")) if v.params.get("model") else "-",
                 _fmt(v.metrics.get(metric)),
                 (v.eval_fingerprint or "-")[:12],
                 v.dataset_version or "-",
@@ -129,8 +131,8 @@ def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
             ]
             for v in versions
         ]
-        typer.echo(_table(["", "version", "architecture", "status", "role", metric, "eval set", "dataset",
-                           "created"], rows))
+        typer.echo(_table(["", "version", "architecture", "status", "role", "init", metric, "eval set",
+                           "dataset", "created"], rows))
 
 
 # Unknown options are handed to VERSION, so that `show -1` is refused as a version like `show 0` is.
@@ -147,6 +149,7 @@ def show(version: Annotated[str, typer.Argument(help="Version number.", metavar=
             "architecture": v.architecture,
             "status": v.status,
             "role": v.role,
+            "init": describe_init(v.params.get("init")),  # the details are under params.init
             "artifact_uri": v.artifact_uri,
             "artifact_sha256": v.artifact_sha256,
             "dataset_version": v.dataset_version,
@@ -171,12 +174,14 @@ def history(
         if not events:
             typer.echo("no promotion events yet")
             return
+        started = {v.version: v.params.get("init") for v in registry.list_versions() if v.params.get("model")}
         rows = [
             [
                 str(e.id),
                 e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                 e.decision,
                 f"v{e.candidate_version}",
+                describe_init(started[e.candidate_version]) if e.candidate_version in started else "-",
                 f"v{e.baseline_version}" if e.baseline_version is not None else (e.baseline_kind or "-"),
                 _fmt(e.candidate_metric),
                 _fmt(e.baseline_metric),
@@ -187,8 +192,8 @@ def history(
             for e in events
         ]
         metric = events[-1].metric
-        typer.echo(_table(["#", "time", "decision", "candidate", "baseline", metric, "baseline " + metric,
-                           "delta", "p", "reason"], rows))
+        typer.echo(_table(["#", "time", "decision", "candidate", "init", "baseline", metric,
+                           "baseline " + metric, "delta", "p", "reason"], rows))
 
 
 @app.command("rollback")

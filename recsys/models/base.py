@@ -45,6 +45,12 @@ class SequentialModel(nn.Module):
     name: ClassVar[str]
     # False for models that learn only by counting (MostPop): the trainer skips gradient steps.
     trainable: ClassVar[bool] = True
+    # For a warm start (recsys/warm.py). `id_rows`: the tensors indexed by id (state-dict name → "items" or
+    # "users"), whose rows are carried over by raw id; row 0 is padding, rows after the last id (BERT4Rec's
+    # [mask]) are special and stay in place. `warm_free_fields`: config fields that only shape training or
+    # initialisation, in which a champion may differ; every other field must match.
+    id_rows: ClassVar[dict[str, str]] = {}
+    warm_free_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, n_items: int, n_users: int):
         super().__init__()

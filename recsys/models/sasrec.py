@@ -105,6 +105,8 @@ def gbce_loss(logits: torch.Tensor, n_items: int, t: float) -> torch.Tensor:
 
 class SASRec(SequentialModel):
     name = "sasrec"
+    id_rows = {"item_emb.weight": "items"}
+    warm_free_fields = frozenset({"dropout", "item_dropout", "n_negatives", "gbce_t", "weight_init"})
 
     def __init__(self, config: SASRecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)

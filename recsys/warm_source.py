@@ -1,0 +1,99 @@
+"""Each model's warm source (`artifacts/warm/<model>/`, recsys/warm.py) resolved from the registry.
+
+Run before `dvc repro` — by the retrain flow, `recsys warm` and `recsys bootstrap` — because the train stage
+never opens the registry: what it starts from must be a file DVC can hash. For a model whose `train.init`
+is `warm` or `auto` the source is the registry champion when it is a version of that model (its artifact
+verified, then copied in), else a note saying why there is none; for `cold` and counting models the note
+is a constant, so their stages never re-run because the champion changed.
+
+One rule keeps a run with nothing new from retraining: a champion trained on the current data version does
+not replace a source already in place. It usually *is* the model those stages just trained, and starting it
+again from itself on the same data would only churn versions; it becomes the source once new data arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from recsys.checkpoint import CheckpointError
+from recsys.config import Params, validate_name
+from recsys.layout import Layout
+from recsys.models import MODELS
+from recsys.registry import NotFoundError, VersionInfo, open_registry
+from recsys.registry.store import MANIFEST
+from recsys.warm import SOURCE_FILE, WRITTEN_COLD, WarmSource, read_source, write_none, write_source
+from recsys.workspace import data_version, workspace_lock
+
+log = logging.getLogger(__name__)
+
+
+def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | None = None) -> list[str]:
+    """Write the warm source of each model (default: every model in params.yaml), under the workspace lock.
+    Returns one line per model saying what it will start from."""
+    root = Path(root)
+    names = [validate_name(m, "model name") for m in (models or params.models)]
+    trainable = {m: MODELS[m].trainable if m in MODELS else False for m in names}
+    wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
+    lines = []
+    with workspace_lock(root):
+        champion = _champion(root, params) if wanted else None
+        current = data_version(root)
+        for m in names:
+            line = _resolve(root, params, m, trainable[m], champion, current)
+            log.info("warm source %s", line)
+            lines.append(line)
+    return lines
+
+
+def _champion(root: Path, params: Params) -> tuple[VersionInfo, Path, list] | None:
+    """The champion, its verified artifact directory and that directory's manifest listing, or None."""
+    with open_registry(params.registry, root, params.gate) as registry:
+        try:
+            info = registry.champion_info()
+        except NotFoundError:
+            return None
+        directory = registry.store.verify(info.artifact_sha256)  # ArtifactIntegrityError if tampered with
+        files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+        return info, directory, files
+
+
+def _resolve(root: Path, params: Params, model: str, trainable: bool,
+             champion: tuple[VersionInfo, Path, list] | None, current_data: str | None) -> str:
+    warm_dir = Layout(root).warm_dir(model)
+    mode = params.train_config(model).init
+    if not trainable:
+        write_none(warm_dir, f"{model} learns by counting, not from weights")
+        return f"{model}: cold (a counting model)"
+    if mode == "cold":
+        write_none(warm_dir, WRITTEN_COLD)
+        return f"{model}: cold (train.init is cold)"
+    if champion is None:
+        write_none(warm_dir, "the registry has no champion yet")
+        return f"{model}: none (no champion yet)"
+    info, directory, files = champion
+    if info.architecture != model:
+        write_none(warm_dir, f"the champion is a {info.architecture} model, not {model}")
+        return f"{model}: none (the champion v{info.version} is a {info.architecture} model)"
+    existing = _existing(warm_dir)
+    same_data = info.dataset_version is not None and info.dataset_version == current_data
+    if existing is not None and same_data and existing.version != info.version and (
+            existing.version is not None or mode == "auto"):
+        held = f"v{existing.version}" if existing.version is not None else "none"
+        return (f"{model}: {held} kept (the champion v{info.version} was trained on the current data; new "
+                "data makes it the warm source)")
+    changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory)
+    return f"{model}: v{info.version}" + (" (updated)" if changed else "")
+
+
+def _existing(warm_dir: Path) -> WarmSource | None:
+    """The source in place, unless there is none, it is unreadable, or it was written for `cold`."""
+    if not (warm_dir / SOURCE_FILE).is_file():
+        return None
+    try:
+        source = read_source(warm_dir)
+    except CheckpointError:
+        return None
+    return None if source.reason == WRITTEN_COLD else source

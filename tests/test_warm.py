@@ -1,0 +1,340 @@
+"""Warm start (recsys/warm.py): vocabulary mapping by raw id, compatibility, `train.init` cold | warm | auto,
+a fresh optimiser, determinism, and a cold start untouched by any of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from recsys.checkpoint import CheckpointError, save_checkpoint
+from recsys.config import ConfigError, TrainConfig
+from recsys.lineage import describe_init
+from recsys.models import build_model
+from recsys.models.bert4rec import BERT4RecConfig
+from recsys.models.mojito import MojitoConfig
+from recsys.train import train_model
+from recsys.warm import CHECKPOINT, SOURCE_FILE, read_source, start, write_none, write_source
+
+CHAMPION_ITEMS = ["a", "b", "c", "d", "e", "f"]
+CHAMPION_USERS = ["u1", "u2", "u3"]
+SHA = "ab" * 32
+WARM = TrainConfig(init="warm", device="cpu", progress="off")
+AUTO = dataclasses.replace(WARM, init="auto")
+
+
+def listing(directory: Path) -> list[list]:
+    return [[p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()]
+            for p in sorted(directory.iterdir())]
+
+
+def make_champion(tmp_path: Path, name: str, config, *, items=CHAMPION_ITEMS, users=CHAMPION_USERS,
+                  version: int = 3, init: dict | None = None, seed: int = 1) -> Path:
+    """A champion checkpoint (seeded random weights) installed as the warm source; returns the warm dir."""
+    torch.manual_seed(seed)
+    model = build_model(name, config, n_items=len(items), n_users=len(users))
+    ckpt = save_checkpoint(tmp_path / f"champion-{name}", model, dataset_fingerprint="0" * 64, item_ids=items,
+                           user_ids=users, extra={"init": init} if init else None)
+    warm_dir = tmp_path / "warm" / name
+    write_source(warm_dir, version, SHA, listing(ckpt), ckpt)
+    return warm_dir
+
+
+def fresh(name: str, config, items, users, seed: int = 2):
+    torch.manual_seed(seed)
+    model = build_model(name, config, n_items=len(items), n_users=len(users))
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def champion_weights(warm_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(warm_dir / CHECKPOINT / "model.safetensors"))
+
+
+def assert_rows_follow_ids(ours: torch.Tensor, before: torch.Tensor, theirs: torch.Tensor, new_ids, old_ids):
+    """Known ids carry the champion's row exactly; new ids keep the fresh row; row 0 is the champion's."""
+    where = {raw: i for i, raw in enumerate(old_ids) if i > 0}
+    assert torch.equal(ours[0], theirs[0])
+    for j, raw in enumerate(new_ids):
+        if j == 0:
+            continue
+        expected = theirs[where[raw]] if raw in where else before[j]
+        assert torch.equal(ours[j], expected), (j, raw)
+
+
+# --- vocabulary ---------------------------------------------------------------------------------------------
+
+
+def test_known_items_keep_their_embeddings_new_items_get_fresh_ones(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    items = ["c", "a", "x", "f", "b", "d", "e", "y"]  # the catalogue grew by x and y, and was reordered
+    model, before = fresh("sasrec", tiny_sasrec_config, items, ["u9"])
+    record = start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, items, ["u9"])
+
+    theirs, ours = champion_weights(warm_dir), model.state_dict()
+    assert ours["item_emb.weight"].shape == (len(items) + 1, tiny_sasrec_config.dim)
+    assert_rows_follow_ids(ours["item_emb.weight"], before["item_emb.weight"], theirs["item_emb.weight"],
+                           [None, *items], [None, *CHAMPION_ITEMS])
+    assert not ours["item_emb.weight"][0].any()  # padding stays zero
+    for name in ours:  # position embeddings, blocks, norms: the champion's, exactly
+        if name != "item_emb.weight":
+            assert torch.equal(ours[name], theirs[name]), name
+    assert record["mode"] == "warm" and record["from_version"] == 3 and record["from_sha256"] == SHA
+    assert record["items"] == {"kept": 6, "new": 2, "dropped": 0} and record["fresh"] == []
+    assert "users" not in record  # SASRec has no user rows
+    assert describe_init(record) == "warm from v3"
+
+
+def test_items_gone_from_the_data_are_dropped(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    items = ["f", "b", "d"]  # a, c, e left the catalogue
+    model, before = fresh("sasrec", tiny_sasrec_config, items, ["u1"])
+    record = start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, items, ["u1"])
+    theirs, ours = champion_weights(warm_dir)["item_emb.weight"], model.state_dict()["item_emb.weight"]
+    assert ours.shape == (4, tiny_sasrec_config.dim)
+    for j, raw in enumerate(items, 1):
+        assert torch.equal(ours[j], theirs[1 + CHAMPION_ITEMS.index(raw)]), raw
+    assert record["items"] == {"kept": 3, "new": 0, "dropped": 3}
+
+
+def test_bert4rec_keeps_its_mask_row_and_output_bias_by_item(tmp_path):
+    config = BERT4RecConfig(dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_len=10)
+    warm_dir = make_champion(tmp_path, "bert4rec", config)
+    items = ["b", "z", "a"]
+    model, before = fresh("bert4rec", config, items, ["u1"])
+    record = start(model, "bert4rec", dataclasses.replace(config, mask_prob=0.5), WARM, warm_dir, items,
+                   ["u1"])
+    theirs, ours = champion_weights(warm_dir), model.state_dict()
+    new_ids, old_ids = [None, *items], [None, *CHAMPION_ITEMS]
+    assert_rows_follow_ids(ours["item_emb.weight"][:-1], before["item_emb.weight"], theirs["item_emb.weight"],
+                           new_ids, old_ids)
+    assert torch.equal(ours["item_emb.weight"][-1], theirs["item_emb.weight"][-1])  # [mask] row
+    assert ours["item_emb.weight"].shape[0] == len(items) + 2 and model.mask_id == len(items) + 1
+    assert_rows_follow_ids(ours["out_bias"], before["out_bias"], theirs["out_bias"], new_ids, old_ids)
+    assert record["items"] == {"kept": 2, "new": 1, "dropped": 4}
+
+
+def test_mojito_maps_users_and_keeps_time_tensors_that_match_in_shape(tmp_path):
+    config = MojitoConfig(dim=16, n_layers=1, n_heads=2, max_len=10, time_dim=4, fism_items=3)
+    warm_dir = make_champion(tmp_path, "mojito", config)
+    users, items = ["u3", "new-user", "u1"], ["a", "b"]
+    wider = dataclasses.replace(config, time_dim=6)  # a free field that changes the time tensors' shapes
+    model, before = fresh("mojito", wider, items, users)
+    record = start(model, "mojito", wider, WARM, warm_dir, items, users)
+    theirs, ours = champion_weights(warm_dir), model.state_dict()
+    assert_rows_follow_ids(ours["user_emb.weight"], before["user_emb.weight"], theirs["user_emb.weight"],
+                           [None, *users], [None, *CHAMPION_USERS])
+    assert record["users"] == {"kept": 2, "new": 1, "dropped": 1}
+    assert record["items"] == {"kept": 2, "new": 0, "dropped": 4}
+    assert set(record["fresh"]) == {"time_enc.log_period", "time_enc.basis", "time_enc.bias",
+                                    "ctx_proj.weight"}
+    for name in record["fresh"]:
+        assert torch.equal(ours[name], before[name]), name
+    # What matches in shape carries over — the time projection's bias, the blocks, the mixing weights.
+    for name in ("ctx_proj.bias", "sigma_noise", "pos_emb.weight", "blocks.0.attn.mix1.weight"):
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+# --- compatibility ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"dim": 32, "n_heads": 2}, "dim=16 (now 32)"),
+    ({"n_layers": 2}, "n_layers=1 (now 2)"),
+    ({"max_len": 30}, "max_len=20 (now 30)"),
+    ({"loss": "bce"}, "loss='ce' (now 'bce')"),
+])
+def test_incompatible_champion_falls_back_to_cold_under_auto_with_the_reason_logged(
+        tmp_path, tiny_sasrec_config, caplog, change, reason):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    config = dataclasses.replace(tiny_sasrec_config, **change)
+    model, before = fresh("sasrec", config, CHAMPION_ITEMS, CHAMPION_USERS)
+    with caplog.at_level(logging.WARNING, logger="recsys.warm"):
+        record = start(model, "sasrec", config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == "cold" and record["requested"] == "auto" and reason in record["reason"]
+    assert "init=cold model=sasrec" in caplog.text and reason in caplog.text
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # untouched
+    assert describe_init(record).startswith("cold (auto: the champion v3 has ")
+
+
+def test_incompatible_champion_is_a_one_line_error_under_warm(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    config = dataclasses.replace(tiny_sasrec_config, dim=32, n_heads=2)
+    model, _ = fresh("sasrec", config, CHAMPION_ITEMS, CHAMPION_USERS)
+    with pytest.raises(ConfigError) as err:
+        start(model, "sasrec", config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("sasrec: cannot warm-start: the champion v3 has dim=16 (now 32)")
+    assert "set sasrec.dim back to 16" in message and "train.init" in message and "auto or cold" in message
+
+
+def test_a_champion_of_another_family_is_not_a_starting_point(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "bert4rec", BERT4RecConfig(dim=16, n_layers=1, n_heads=1, max_len=20))
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    record = start(model, "sasrec", tiny_sasrec_config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == "cold" and "is a bert4rec model, not sasrec" in record["reason"]
+    with pytest.raises(ConfigError, match="is a bert4rec model, not sasrec"):
+        start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+
+
+def test_fields_that_only_shape_training_may_differ(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    config = dataclasses.replace(tiny_sasrec_config, dropout=0.5, n_negatives=64, weight_init="xavier")
+    model, _ = fresh("sasrec", config, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert start(model, "sasrec", config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)["mode"] == "warm"
+
+
+def test_no_source_is_cold_under_auto_and_an_error_under_warm(tmp_path, tiny_sasrec_config):
+    write_none(tmp_path / "warm", "the registry has no champion yet")
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    reasons = [start(model, "sasrec", tiny_sasrec_config, AUTO, d, CHAMPION_ITEMS, CHAMPION_USERS)["reason"]
+               for d in (tmp_path / "warm", tmp_path / "missing", None)]
+    assert reasons == ["the registry has no champion yet",
+                       f"there is no warm source at {tmp_path / 'missing'} (`recsys warm` writes it)",
+                       "no warm source was given"]
+    with pytest.raises(ConfigError, match=r"no champion yet; run `recsys warm` once a sasrec version is"):
+        start(model, "sasrec", tiny_sasrec_config, WARM, tmp_path / "warm", CHAMPION_ITEMS, CHAMPION_USERS)
+
+
+# --- auto's cold restarts -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("streak, every, mode",
+                         [(3, 5, "warm"), (4, 5, "cold"), (0, 1, "cold"), (50, 0, "warm")])
+def test_auto_trains_every_nth_version_of_a_warm_line_cold(tmp_path, tiny_sasrec_config, streak, every, mode):
+    init = {"mode": "warm", "from_version": 2, "warm_streak": streak} if streak else None
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config, init=init)
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    cfg = dataclasses.replace(AUTO, warm_cold_every=every)
+    record = start(model, "sasrec", tiny_sasrec_config, cfg, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == mode
+    if mode == "warm":
+        assert record["warm_streak"] == streak + 1
+    else:
+        assert f"train.warm_cold_every = {every}" in record["reason"]
+    # `warm` asks for a warm start whatever the line's length.
+    forced = start(model, "sasrec", tiny_sasrec_config, dataclasses.replace(cfg, init="warm"), warm_dir,
+                   CHAMPION_ITEMS, CHAMPION_USERS)
+    assert forced["mode"] == "warm" and forced["warm_streak"] == streak + 1
+
+
+def test_auto_trains_cold_when_the_catalogue_grew_too_much(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    items = [*CHAMPION_ITEMS, "x", "y"]  # 2 new of 6 known: 33 %
+    model, _ = fresh("sasrec", tiny_sasrec_config, items, CHAMPION_USERS)
+    def auto(growth: float):
+        return dataclasses.replace(AUTO, warm_max_catalogue_growth=growth)
+
+    grown = start(model, "sasrec", tiny_sasrec_config, auto(0.3), warm_dir, items, CHAMPION_USERS)
+    assert grown["mode"] == "cold"
+    assert grown["reason"] == ("the catalogue grew by 2 items, 33.3% of the champion v3's 6, more than "
+                               "train.warm_max_catalogue_growth = 0.3")
+    within = start(model, "sasrec", tiny_sasrec_config, auto(0.34), warm_dir, items, CHAMPION_USERS)
+    assert within["mode"] == "warm"
+    # Items dropped from the catalogue are not growth.
+    shrunk, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS[:2], CHAMPION_USERS)
+    assert start(shrunk, "sasrec", tiny_sasrec_config, auto(0.0), warm_dir, CHAMPION_ITEMS[:2],
+                 CHAMPION_USERS)["mode"] == "warm"
+
+
+# --- the source directory -----------------------------------------------------------------------------------
+
+
+def test_a_changed_copy_of_the_champion_is_refused_even_under_auto(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    weights = warm_dir / CHECKPOINT / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    with pytest.raises(CheckpointError, match="is not the registry's file.*run `recsys warm`"):
+        start(model, "sasrec", tiny_sasrec_config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+
+
+def test_the_source_is_written_once_and_names_only_plain_files(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    ckpt = tmp_path / "champion-sasrec"
+    before = (warm_dir / SOURCE_FILE).read_bytes()
+    assert write_source(warm_dir, 3, SHA, listing(ckpt), ckpt) is False  # same content: nothing rewritten
+    assert read_source(warm_dir).version == 3 and (warm_dir / SOURCE_FILE).read_bytes() == before
+    escape = [["../model.json", 2, "0" * 64]]
+    with pytest.raises(CheckpointError, match="invalid source"):
+        write_source(tmp_path / "other", 3, SHA, escape, ckpt)
+    assert write_none(warm_dir, "the registry has no champion yet") is True
+    assert not (warm_dir / CHECKPOINT).exists()
+    assert json.loads((warm_dir / SOURCE_FILE).read_text())["reason"] == "the registry has no champion yet"
+    assert sorted(p.name for p in warm_dir.parent.iterdir()) == ["sasrec"]  # no temporary leftovers
+
+
+# --- through the trainer ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def champion_source(trained_sasrec, tmp_path) -> Path:
+    """The 3-epoch SASRec of the tiny dataset as registry version 7, installed as the warm source."""
+    _, ckpt = trained_sasrec
+    warm_dir = tmp_path / "warm" / "sasrec"
+    write_source(warm_dir, 7, SHA, listing(ckpt), ckpt)
+    return warm_dir
+
+
+def run(prepared, config, cfg, root: Path, warm_dir, **kwargs):
+    return train_model("sasrec", config, cfg, prepared, root / "model", curve_path=root / "curve.csv",
+                       resume_root=root / "resume", warm_dir=warm_dir, **kwargs)
+
+
+def test_cold_training_never_reads_the_source_and_is_unchanged(tiny_prepared, tiny_sasrec_config,
+                                                               fast_train_config, champion_source, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=1)
+    (champion_source / SOURCE_FILE).write_text("{damaged")  # a cold run does not even open it
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "with", champion_source)
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "without", None)
+    for name in ("model.safetensors", "model.json", "items.json", "users.json"):
+        with_source, without = (tmp_path / run_dir / "model" / name for run_dir in ("with", "without"))
+        assert with_source.read_bytes() == without.read_bytes(), name
+    assert "init" not in json.loads((tmp_path / "with" / "model" / "model.json").read_text())
+
+
+def test_warm_training_is_deterministic_records_its_source_and_differs_from_cold(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, champion_source, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=2, init="warm")
+    a = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "a", champion_source)
+    b = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "b", champion_source)
+    assert (tmp_path / "a" / "model" / "model.safetensors").read_bytes() == (
+        tmp_path / "b" / "model" / "model.safetensors").read_bytes()
+    assert a.best_valid == b.best_valid
+    meta = json.loads((tmp_path / "a" / "model" / "model.json").read_text())
+    assert meta["init"] == {"requested": "warm", "mode": "warm", "from_version": 7, "from_sha256": SHA,
+                            "warm_streak": 1, "fresh": [],
+                            "items": {"kept": tiny_prepared.n_items, "new": 0, "dropped": 0}}
+    cold = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, init="cold"), tmp_path / "c", None)
+    assert (tmp_path / "c" / "model" / "model.safetensors").read_bytes() != (
+        tmp_path / "a" / "model" / "model.safetensors").read_bytes()
+    del cold
+
+
+def test_the_optimiser_starts_fresh_and_a_cold_resume_state_is_never_picked_up(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, champion_source, tmp_path):
+    from test_train import Interrupt
+
+    root = tmp_path / "run"
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    with pytest.raises(KeyboardInterrupt):  # a cold run leaves its state after epoch 1
+        run(tiny_prepared, tiny_sasrec_config, cfg, root, None, on_epoch=Interrupt(at=1))
+    warm = dataclasses.replace(cfg, init="warm")
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, warm, root, champion_source, on_epoch=Interrupt(at=1))
+    states = sorted((root / "resume").iterdir())
+    assert len(states) == 2  # the warm run did not continue the cold one: a state of its own
+    warm_state = max(states, key=lambda p: p.stat().st_mtime)
+    steps = json.loads((warm_state / "state.json").read_text())["steps"]
+    adam_steps = {float(v) for k, v in load_file(str(warm_state / "state.safetensors")).items()
+                  if k.startswith("optim.") and k.endswith(".step")}
+    assert adam_steps == {float(steps)}  # Adam counted only this run's first epoch: it started at step 0
+    seen = Interrupt()
+    run(tiny_prepared, tiny_sasrec_config, warm, root, champion_source, on_epoch=seen)
+    assert seen.seen == [2, 3]  # …and the warm run resumes its own state

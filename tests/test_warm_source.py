@@ -1,0 +1,157 @@
+"""The warm source resolved from the registry (recsys/warm_source.py) — what the train stage starts from — and
+how the registry's commands show the way a version started. A real SQLite registry and real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_registry_support import make_eval
+from typer.testing import CliRunner
+
+from recsys.checkpoint import save_checkpoint
+from recsys.config import load_params
+from recsys.layout import Layout
+from recsys.models import build_model
+from recsys.registry import ArtifactIntegrityError, open_registry
+from recsys.warm import CHECKPOINT, SOURCE_FILE, WRITTEN_COLD, check_files, read_source
+from recsys.warm_source import resolve_warm_sources
+
+runner = CliRunner()
+SASREC = {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20}
+
+
+def workspace(root: Path, init: str, data: str = "d1") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    params = {"models": ["mostpop", "sasrec", "bert4rec"], "train": {"init": init}, "sasrec": SASREC,
+              "registry": {"url": "sqlite:///registry/registry.db", "artifact_root": "registry/artifacts"}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    set_data(root, data)
+    return root
+
+
+def set_data(root: Path, version: str) -> None:
+    """The raw store's DVC version, as `data.dvc` records it."""
+    (root / "data.dvc").write_text(f"outs:\n- md5: {version}.dir\n  nfiles: 2\n  path: data\n")
+
+
+def champion(root: Path, name: str = "sasrec", *, data: str = "d1", seed: int = 0, init: dict | None = None):
+    """Register a checkpoint of `name` trained on data version `data` and make it the champion."""
+    params = load_params(root / "params.yaml")
+    torch.manual_seed(seed)
+    model = build_model(name, params.model_config(name), n_items=4, n_users=2)
+    ckpt = save_checkpoint(root / "trained" / f"{name}-{seed}", model, dataset_fingerprint="0" * 64,
+                           item_ids=list("abcd"), user_ids=["u1", "u2"],
+                           extra={"init": init} if init else None)
+    with open_registry(params.registry, root, params.gate) as registry:
+        lineage = {"model": name, "init": init or {"mode": "cold"}}
+        return registry.install_baseline(ckpt, make_eval(0.0), params=lineage, dataset_version=f"{data}.dir")
+
+
+def resolve(root: Path) -> list[str]:
+    return resolve_warm_sources(root, load_params(root / "params.yaml"))
+
+
+def source(root: Path, model: str):
+    return read_source(Layout(root).warm_dir(model))
+
+
+def test_cold_models_get_a_constant_note_without_opening_the_registry(tmp_path):
+    root = workspace(tmp_path / "repo", "cold")
+    assert resolve(root) == ["mostpop: cold (a counting model)", "sasrec: cold (train.init is cold)",
+                             "bert4rec: cold (train.init is cold)"]
+    assert not (root / "registry").exists()
+    assert source(root, "sasrec").reason == WRITTEN_COLD and source(root, "sasrec").version is None
+    before = {m: (Layout(root).warm_dir(m) / SOURCE_FILE).read_bytes() for m in ("mostpop", "sasrec")}
+    champion(root)  # a new champion changes nothing a cold stage depends on
+    resolve(root)
+    assert {m: (Layout(root).warm_dir(m) / SOURCE_FILE).read_bytes() for m in before} == before
+
+
+def test_the_champion_of_the_same_model_is_copied_in_and_verified(tmp_path):
+    root = workspace(tmp_path / "repo", "auto")
+    version = champion(root)
+    lines = resolve(root)
+    assert lines == ["mostpop: cold (a counting model)", f"sasrec: v{version} (updated)",
+                     f"bert4rec: none (the champion v{version} is a sasrec model)"]
+    got = source(root, "sasrec")
+    params = load_params(root / "params.yaml")
+    with open_registry(params.registry, root, params.gate) as registry:
+        info = registry.get_version(version)
+        stored = registry.version_dir(version)
+    assert (got.version, got.artifact_sha256) == (version, info.artifact_sha256)
+    check_files(Layout(root).warm_dir("sasrec"), got.files)
+    copied = Layout(root).warm_dir("sasrec") / CHECKPOINT
+    for name, _, _ in got.files:
+        assert (copied / name).read_bytes() == (stored / name).read_bytes()
+    assert source(root, "bert4rec").reason == "the champion is a sasrec model, not bert4rec"
+    assert resolve(root)[1] == f"sasrec: v{version}"  # already in place: nothing rewritten
+
+
+def test_a_champion_trained_on_the_current_data_does_not_replace_the_source(tmp_path):
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root, data="d1")
+    resolve(root)
+    second = champion(root, data="d1", seed=1, init={"mode": "warm", "from_version": first, "warm_streak": 1})
+    # The new champion is (typically) what the last run trained from the first: nothing new to learn from.
+    assert resolve(root)[1] == (f"sasrec: v{first} kept (the champion v{second} was trained on the current "
+                                "data; new data makes it the warm source)")
+    assert source(root, "sasrec").version == first
+    set_data(root, "d2")  # a batch arrived
+    assert resolve(root)[1] == f"sasrec: v{second} (updated)"
+    assert source(root, "sasrec").version == second
+
+
+def test_no_source_yet_is_kept_under_auto_but_not_under_warm(tmp_path):
+    root = workspace(tmp_path / "repo", "auto")
+    resolve(root)
+    assert source(root, "sasrec").reason == "the registry has no champion yet"
+    version = champion(root, data="d1")  # trained cold by this very run, on this data
+    assert resolve(root)[1] == (f"sasrec: none kept (the champion v{version} was trained on the current "
+                                "data; new data makes it the warm source)")
+    workspace(root, "warm")  # asked for explicitly: start from the champion now
+    assert resolve(root)[1] == f"sasrec: v{version} (updated)"
+    # Switching from cold to warm also starts from the champion on the same data.
+    other = workspace(tmp_path / "other", "cold")
+    champion(other)
+    resolve(other)
+    workspace(other, "warm")
+    assert source(other, "sasrec").reason == WRITTEN_COLD and resolve(other)[1].endswith("(updated)")
+
+
+def test_a_damaged_registry_artifact_is_never_copied(tmp_path):
+    root = workspace(tmp_path / "repo", "warm")
+    version = champion(root)
+    params = load_params(root / "params.yaml")
+    with open_registry(params.registry, root, params.gate) as registry:
+        weights = registry.store.path_for(registry.get_version(version).artifact_sha256) / "model.safetensors"
+    weights.chmod(0o644)
+    weights.write_bytes(weights.read_bytes()[:-4])
+    with pytest.raises(ArtifactIntegrityError, match="truncated"):
+        resolve(root)
+    assert not (Layout(root).warm_dir("sasrec") / CHECKPOINT).exists()
+
+
+def test_recsys_warm_and_the_registry_commands_say_how_a_version_started(tmp_path):
+    from recsys.cli import app as cli_app
+    from recsys.commands.registry import app as registry_app
+
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root)
+    out = runner.invoke(cli_app, ["warm", "--model", "sasrec", "--params", str(root / "params.yaml")])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == f"warm source sasrec: v{first} (updated)"
+    warm = champion(root, data="d2", seed=1,
+                    init={"mode": "warm", "from_version": first, "warm_streak": 1})
+    params = ["--params", str(root / "params.yaml")]
+    shown = json.loads(runner.invoke(registry_app, ["show", str(warm), *params]).output)
+    assert shown["init"] == f"warm from v{first}" and shown["params"]["init"]["from_version"] == first
+    assert json.loads(runner.invoke(registry_app, ["show", str(first), *params]).output)["init"] == "cold"
+    listing = runner.invoke(registry_app, ["list", *params]).output.splitlines()
+    assert "init" in listing[0] and f"warm from v{first}" in listing[-1] and "cold" in listing[-2]
+    history = runner.invoke(registry_app, ["history", *params]).output.splitlines()
+    assert re.search(rf"promoted +v{warm} +warm from v{first} ", history[-1]), history[-1]
