@@ -32,6 +32,7 @@ from recsys.checkpoint import save_checkpoint
 from recsys.config import TrainConfig
 from recsys.device import resolve_device
 from recsys.entry import model_stage_args
+from recsys.faults import fault_point
 from recsys.layout import RESUME, Layout, resume_dir, resume_dirs
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
@@ -278,6 +279,7 @@ def train_model(
         state.update(epoch=epoch, seconds=now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         resume.save(model, optimizer, generator, state)
+        fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
         if state["bad_epochs"] >= cfg.patience and epoch >= cfg.min_epochs:

@@ -293,6 +293,48 @@ def test_train_and_evaluate_stage_mains(tiny_prepared, write_params, tmp_path):
         train.main(["--model", "../sasrec", "--params", str(params), "--root", str(root)])
 
 
+@pytest.mark.slow
+def test_a_training_stage_killed_after_an_epoch_resumes_to_the_same_model(tiny_prepared, write_params, tmp_path):
+    """kill -9 (`RECSYS_FAULT`) right after epoch 1's state is saved, in the stage as `dvc repro` runs it;
+    the rerun resumes from epoch 1 and ends with the model, curve and metrics of an uninterrupted run, and
+    leaves no resume state or temp folder behind (issue 16)."""
+    import os
+    import subprocess
+    import sys
+
+    from recsys.prepare import save
+
+    params = write_params({"train": {"epochs": 3}})
+    roots = {name: tmp_path / name for name in ("straight", "killed")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RECSYS_FAULT", None)
+
+    def stage(root, extra_env=None):
+        return subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
+                               "--root", str(root)], cwd=root, env={**env, **(extra_env or {})},
+                              capture_output=True, text=True, timeout=600)
+
+    for root in roots.values():
+        save(tiny_prepared, root / "artifacts" / "prepared")
+    assert stage(roots["straight"]).returncode == 0
+    killed = stage(roots["killed"], {"RECSYS_FAULT": "after_epoch_saved"})
+    assert killed.returncode == 1 and "injected fault at after_epoch_saved" in killed.stderr, killed.stderr[-2000:]
+    # The best model so far is a complete checkpoint (saved by renames), never a half-written one.
+    assert load_model(roots["killed"] / "artifacts" / "models" / "sasrec")[1]["best_epoch"] == 1
+    assert any((roots["killed"] / ".resume").iterdir())  # epoch 1's state, kept for the rerun
+    rerun = stage(roots["killed"])
+    assert rerun.returncode == 0 and "resumed model=sasrec from epoch=1" in rerun.stderr, rerun.stderr[-2000:]
+
+    got, want = (weights(r / "artifacts" / "models" / "sasrec") for r in (roots["killed"], roots["straight"]))
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    curves = [read_curve(r / "plots" / "sasrec.csv") for r in (roots["killed"], roots["straight"])]
+    assert [row["valid_ndcg@10"] for row in curves[0]] == [row["valid_ndcg@10"] for row in curves[1]]
+    assert not any((roots["killed"] / ".resume").iterdir())
+    assert not [p for p in (roots["killed"] / "artifacts" / "models").iterdir() if p.name.startswith(".")]
+
+
 # --- checkpoints --------------------------------------------------------------------------------------------
 
 
