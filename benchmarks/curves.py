@@ -44,6 +44,8 @@ ABLATION = (
     (f"{SASREC_DEFAULT_RUN},dropout=0.3", SASREC_DEFAULT_RUN, "dropout 0.3 (from 0.2)"),
     (f"{SASREC_DEFAULT_RUN},dim=128", SASREC_DEFAULT_RUN, "dim 128 (from 64)"),
     (f"{SASREC_DEFAULT_RUN},min_epochs=100", SASREC_DEFAULT_RUN, "no early stop before epoch 100"),
+    (f"{SASREC_DEFAULT_RUN},dim=128,min_epochs=100", SASREC_DEFAULT_RUN,
+     "dim 128 and no early stop before epoch 100 (best epochs all before the stop: min_epochs changed no result)"),
     (f"{REF},weight_init=xavier,emb_scale=false", _R2, "RecTools' init (Xavier everywhere), no √d scale; no clipping"),
 )
 
