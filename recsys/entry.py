@@ -22,6 +22,7 @@ _USER_ERRORS = [
     ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
     ("recsys.registry", "RegistryError"), ("recsys.workspace", "DvcError"),
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
+    ("recsys.distributed", "DistributedError"),
 ]
 VERBOSE_ENV = "RECSYS_VERBOSE"
 

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import TrainConfig
-from recsys.device import resolve_device
+from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
 from recsys.layout import RESUME, Layout, resume_dir, resume_dirs
@@ -158,7 +158,8 @@ def train_model(
     cfg = train_config
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
+    world = current_world()  # one process, or this rank under torchrun (recsys.distributed)
+    device = world.device(cfg.device)
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
     model = build_model(model_name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
@@ -171,7 +172,11 @@ def train_model(
     out_dir = Path(out_dir)
     curve_rows: list[dict] = []
 
+    curve_path = curve_path if world.is_main else None  # only rank 0 writes
+
     def checkpoint(epoch: int, valid: dict) -> None:
+        if not world.is_main:
+            return
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)}
         if init is not None:
             extra["init"] = init
@@ -208,6 +213,7 @@ def train_model(
     if restored:
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
+    loss_fn = world.loss_fn(model, device)
     curve_rows = state["curve"]
     use_amp = device.type == "cuda"
     stopped_by = "max_epochs"
@@ -216,13 +222,14 @@ def train_model(
     while state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
         model.train()
+        world.seed_epoch(cfg.seed, epoch)
         # The epoch's batch plan is made on the host from span lengths and sent to the device in one copy;
         # inside the loop nothing waits for the device (the loss is summed there and read once per epoch).
-        plan = bucketed_batch_rows(tensors.lengths, cfg.batch_size, generator)
+        plan = world.shard(bucketed_batch_rows(tensors.lengths, cfg.batch_size, generator))
         widths = [int(tensors.lengths[rows].max()) - 1 for rows in plan]
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
-        bar = _progress(cfg.progress, len(plan), f"{model_name} epoch {epoch}")
+        bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
         for b, width in enumerate(widths):
             if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
@@ -230,7 +237,7 @@ def train_model(
                     group["lr"] = state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
             batch = tensors.batch(flat[bounds[b] : bounds[b + 1]], width)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                loss = model.loss(batch)
+                loss = loss_fn(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
@@ -243,7 +250,7 @@ def train_model(
         if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
             for group in optimizer.param_groups:
                 group["lr"] = state["lr"]
-        epoch_loss = float(total_loss) / len(plan)  # the epoch's one host sync
+        epoch_loss = float(world.mean(total_loss)) / len(plan)  # the epoch's one host sync
         if bar is not None:
             bar.set_postfix(loss=f"{epoch_loss:.4f}")
             bar.close()
@@ -254,6 +261,7 @@ def train_model(
         train_seconds = time.perf_counter() - epoch_start
         valid = validate(model, valid_inputs)
         now = time.perf_counter() - started + time_offset
+        valid, now = world.from_rank0((valid, now))  # every rank decides (improved, stop) from rank 0's
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
         row = {"epoch": epoch, "loss": epoch_loss, f"valid_{SELECTION_METRIC}": score,
@@ -278,7 +286,8 @@ def train_model(
                 log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
         state.update(epoch=epoch, seconds=now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
-        resume.save(model, optimizer, generator, state)
+        if world.is_main:
+            resume.save(model, optimizer, generator, state)
         fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
@@ -288,7 +297,8 @@ def train_model(
         if cfg.max_minutes and now > cfg.max_minutes * 60:
             stopped_by = "time_limit"
             break
-    resume.clear()
+    if world.is_main:
+        resume.clear()
     seconds = time.perf_counter() - started + time_offset
     return TrainResult(
         model=model_name, best_epoch=state["best_epoch"], best_valid=state["best_valid"], epochs_run=state["epoch"],
@@ -323,6 +333,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from recsys.distributed import torchrun_session
     from recsys.entry import run_entry
 
-    run_entry(main)
+    # `torchrun --nproc_per_node N -m recsys.train ...` trains data-parallel (a no-op without torchrun).
+    run_entry(torchrun_session()(main))
