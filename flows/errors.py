@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any, Callable
 
-from recsys.entry import VERBOSE_ENV, is_transient, is_user_error, report_user_error
+from recsys.entry import VERBOSE_ENV, error_line, is_transient, is_user_error
 
 
 def _exception_of(state: Any) -> BaseException | None:
@@ -57,33 +57,29 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
-    """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1."""
+    """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
+
+    The line is printed at interpreter exit by a handler registered before the flow starts Prefect's
+    temporary API server: exit handlers run last-registered first, so the server's shutdown message comes
+    before it and the error is the last line a person sees (stopping the server early instead races the
+    run's own log and event workers)."""
+    import atexit
     import os
+    import traceback
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # the stages dvc runs print their tracebacks too
     else:
         hide_user_error_tracebacks()
+    last_words: list[str] = []
+    atexit.register(lambda: [print(line, file=sys.stderr, flush=True) for line in last_words])
     try:
         return run()
     except Exception as err:
         if not is_user_error(err):
             raise
-        _stop_temporary_server()  # its shutdown log line would otherwise follow the error line
-        report_user_error(err, verbose)
+        if verbose:
+            traceback.print_exception(err)
+        last_words.append(error_line(err))
         sys.exit(1)
-
-
-def _stop_temporary_server() -> None:
-    """Stop Prefect's ephemeral API server now rather than at interpreter exit (it was started for this run
-    only; stopping twice is a no-op)."""
-    server_module = sys.modules.get("prefect.server.api.server")
-    if server_module is not None and server_module.SubprocessASGIServer._instances:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-
-        APILogWorker.drain_all(timeout=5)  # the run's logs and events reach the API before it stops
-        EventsWorker.drain_all(timeout=5)
-        for server in list(server_module.SubprocessASGIServer._instances.values()):
-            server.stop()

@@ -55,11 +55,16 @@ def verbose_requested() -> bool:
     return os.environ.get(VERBOSE_ENV, "").lower() in ("1", "true", "yes")
 
 
+def error_line(err: BaseException) -> str:
+    """The one line a person acts on."""
+    return f"error: {err}"
+
+
 def report_user_error(err: BaseException, verbose: bool = False) -> None:
     """The one line a person acts on (after the traceback, when asked for one)."""
     if verbose:
         traceback.print_exception(err)
-    print(f"error: {err}", file=sys.stderr)
+    print(error_line(err), file=sys.stderr)
 
 
 def run_entry(main: Callable[[], None]) -> None:
