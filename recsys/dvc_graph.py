@@ -100,7 +100,12 @@ def code_deps(module: str, root: Path = REPO_ROOT) -> list[str]:
 
 
 def stages(root: Path = REPO_ROOT) -> dict:
-    """The `stages:` mapping of dvc.yaml."""
+    """The `stages:` mapping of dvc.yaml.
+
+    Metrics and plots are cached like every other output (no `cache: false`): metrics/ and plots/ are
+    git-ignored, so the DVC remote is the only thing that carries them to a clone. Uncached, a fresh clone
+    that ran `dvc pull` would miss them and `dvc repro` would retrain every model (tests/test_s3_remote.py).
+    """
     model_dir = layout.MODEL_DIR.format(model=ITEM)
     return {
         "prepare": {
@@ -118,8 +123,7 @@ def stages(root: Path = REPO_ROOT) -> dict:
                          *code_deps("recsys.train", root)],
                 "params": ["train", ITEM],
                 "outs": [model_dir],
-                "plots": [{layout.CURVE.format(model=ITEM): {"cache": False, "x": "epoch",
-                                                             "y": "valid_ndcg@10"}}],
+                "plots": [{layout.CURVE.format(model=ITEM): {"x": "epoch", "y": "valid_ndcg@10"}}],
             },
         },
         "evaluate": {
@@ -128,7 +132,7 @@ def stages(root: Path = REPO_ROOT) -> dict:
                 "cmd": f"python -m recsys.evaluate --model {ITEM}",
                 "deps": [layout.PREPARED, model_dir, *code_deps("recsys.evaluate", root)],
                 "params": ["evaluate"],
-                "metrics": [{layout.METRICS.format(model=ITEM): {"cache": False}}],
+                "metrics": [layout.METRICS.format(model=ITEM)],
                 "outs": [layout.EVAL_DIR.format(model=ITEM)],
             },
         },

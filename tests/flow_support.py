@@ -122,6 +122,11 @@ def sh(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) 
     return output
 
 
+def running_stages(dvc_output: str) -> set[str]:
+    """The stages a `dvc repro` ran (its "Running stage '<name>':" lines)."""
+    return {line.split("'")[1] for line in dvc_output.splitlines() if line.startswith("Running stage '")}
+
+
 def run_flow_process(cmd: list[str], cwd: Path, env: dict, log: Path, timeout: int = 900) -> tuple[int, str]:
     """Run a flow in its own process group, output to a file (not a pipe: a process killed at a fault point
     leaves its ephemeral API server orphaned, holding any pipe open), then end whatever it left behind."""

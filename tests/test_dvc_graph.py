@@ -26,10 +26,22 @@ def test_stage_paths_come_from_the_layout():
     assert stages["train"]["do"]["outs"] == [layout.MODEL_DIR.format(model=item)]
     assert list(stages["train"]["do"]["plots"][0]) == [layout.CURVE.format(model=item)]
     assert stages["evaluate"]["do"]["outs"] == [layout.EVAL_DIR.format(model=item)]
-    assert list(stages["evaluate"]["do"]["metrics"][0]) == [layout.METRICS.format(model=item)]
+    assert stages["evaluate"]["do"]["metrics"] == [layout.METRICS.format(model=item)]
     assert layout.MODEL_DIR.format(model=item) in stages["evaluate"]["do"]["deps"]
     # What a warm start begins from is an input DVC hashes, not registry state the stage looks up.
     assert layout.WARM_DIR.format(model=item) in stages["train"]["do"]["deps"]
+
+
+def test_every_output_is_cached_so_the_remote_carries_it_to_a_clone():
+    """metrics/ and plots/ are git-ignored: with `cache: false` a clone would lack them after `dvc pull` and
+    retrain (tests/test_s3_remote.py runs that round trip)."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        for kind in ("outs", "metrics", "plots"):
+            for entry in body.get(kind, []):
+                options = next(iter(entry.values())) if isinstance(entry, dict) else {}
+                assert options.get("cache", True), (name, kind, entry)
 
 
 def test_code_deps_follow_imports_transitively_and_nothing_else():

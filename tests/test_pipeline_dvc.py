@@ -10,16 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flow_support import clone_repo, remote_of, sh, subprocess_env
+from flow_support import clone_repo, remote_of, running_stages, sh, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 METRICS = ("ndcg@10", "hr@10", "mrr")
 MODELS = ["mostpop", "sasrec", "bert4rec", "mojito"]
-
-
-def running_stages(output: str) -> set[str]:
-    return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
 
 
 @pytest.fixture(scope="module")
