@@ -43,6 +43,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -260,7 +261,7 @@ def plot(record: dict, path: Path) -> Path | None:
             steps = [r["step"] for r in rows]
             axes[0][col].plot(steps, [r["test_ndcg@10"] for r in rows], style, label=init)
             axes[1][col].plot(steps, [r["seconds_to_best"] for r in rows], style, label=init)
-        axes[0][col].set_title(run)
+        axes[0][col].set_title("\n".join(textwrap.wrap(run, 40)), fontsize=9)
         axes[0][col].set_ylabel("test NDCG@10")
         axes[1][col].set_ylabel("seconds to best")
         axes[1][col].set_xlabel("step (0 = history, then batches)")
