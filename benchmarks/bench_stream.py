@@ -1,0 +1,388 @@
+"""Stream benchmark (issue 14.2): a MovieLens file replayed as a stream; warm vs cold retraining per batch.
+
+    python benchmarks/bench_stream.py --dataset ml-100k --models sasrec --batches 2 --threads 1
+    python benchmarks/bench_stream.py --dataset ml-1m-half --device cuda     # 5 batches, three models
+
+The stream: events sorted by time; the first `--history-share` of the time span (first to last event) is the
+initial history, the rest of the span is cut into `--batches` equal windows ("daily batches" in the issue;
+on ml-100k a window is ~8.5 days, on ml-1m-half ~17 days). Step 0 prepares the history with params.yaml's
+`prepare` section (5-core, stable time order, leave-one-out: ../shared/PROTOCOL.md) and trains every model
+cold; that is each model's first champion. Step b = 1..N appends window b, prepares the cumulative data the
+same way (so validation / test are each user's last events of the cumulative data) and trains, on that one
+prepared dataset with the same configs and seed, (a) cold and (b) warm: `train.init: warm` from the model
+of the same family the previous step deploys, installed as a warm source exactly as the pipeline's train
+stage reads it (`recsys.warm.write_source` → `train_model(warm_dir=...)`: raw-id vocabulary mapping, fresh
+optimiser, early stopping as for cold). `--warm-from deployed` (default): the previous step's warm model if
+its validation NDCG@10 is ≥ the cold one's, else the cold one (validation selects; the test split is
+never looked at); `--warm-from warm`: always the previous warm model (a pure warm line; cold at step 0).
+`train.init: auto`'s policy (every 5th version cold, catalogue-growth limit) is not exercised: every warm
+run here is warm.
+
+Per step and model: test NDCG@10 / HR@10 (full ranking, scored once), validation NDCG@10, best epoch, epochs
+run, seconds to best and in total, and for warm runs the ids kept / new / dropped by the mapping. The summary
+per model is the mean over batches 1..N of warm/cold test NDCG@10 and of warm/cold seconds to best, against
+the issue's target (≥ 0.99 and ≤ 0.30). `--max-minutes` caps each training run (`stopped_by: time_limit`
+then says so). Models may carry overrides as in bench_models.py's `--runs`: `sasrec@dim=32,epochs=5`.
+
+Results go to `--out` (default benchmarks/results/stream.json; one record per dataset / models / batches /
+device, replaced when rerun; written after every training run so a stopped benchmark keeps its numbers),
+a plot beside it (`stream-<dataset>.png`, when matplotlib is installed), and — for the default `--out` only —
+the generated table in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_models import READERS, configs_for, git_commit, machine, replace_between  # noqa: E402
+
+from recsys import schema  # noqa: E402
+from recsys.checkpoint import read_meta  # noqa: E402
+from recsys.config import load_params  # noqa: E402
+from recsys.data import read_movielens_titles  # noqa: E402
+from recsys.device import resolve_device  # noqa: E402
+from recsys.evaluate import evaluate_checkpoint  # noqa: E402
+from recsys.prepare import prepare, save  # noqa: E402
+from recsys.train import train_model  # noqa: E402
+from recsys.warm import write_source  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "stream.json"
+TARGET_NDCG_RATIO, TARGET_TIME_RATIO = 0.99, 0.30
+log = logging.getLogger("bench_stream")
+
+
+# --- the stream ---------------------------------------------------------------------------------------------
+
+
+def stream_batches(timestamps, batches: int, history_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Batch number of each event (0 = history, 1..`batches` = the windows) and the window edges.
+
+    The span [first, last event] is cut at first + history_share × span; the rest is `batches` equal windows
+    [edge b-1, edge b), the last one closed so the last event belongs to it. Every event gets exactly one
+    number and the numbers never decrease with time."""
+    if batches < 1 or not 0.0 < history_share < 1.0:
+        raise ValueError(f"need batches ≥ 1 and 0 < history_share < 1 (got {batches}, {history_share})")
+    ts = np.asarray(timestamps, dtype=np.float64)
+    first, last = float(ts.min()), float(ts.max())
+    cut = first + history_share * (last - first)
+    edges = np.linspace(cut, last, batches + 1)
+    # side="right": an event at an edge starts the later window; the last edge belongs to the last window.
+    number = np.searchsorted(edges, ts, side="right")
+    return np.minimum(number, batches).astype(np.int64), edges
+
+
+def read_dataset(dataset: str, data_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    folder = Path(data_root) / dataset
+    return READERS[dataset](folder), read_movielens_titles(folder)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(float(ts), tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _listing(directory: Path) -> list[list]:
+    return [[p.name, p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest()]
+            for p in sorted(directory.iterdir()) if p.is_file()]
+
+
+def install_warm_source(checkpoint: Path, warm_dir: Path, version: int) -> None:
+    """`checkpoint` as the warm source the train stage reads (recsys/warm.py), standing for registry
+    version `version` (the stream step that trained it)."""
+    files = _listing(checkpoint)
+    digest = hashlib.sha256(json.dumps(files).encode()).hexdigest()
+    shutil.rmtree(warm_dir, ignore_errors=True)
+    write_source(warm_dir, version, digest, files, checkpoint)
+
+
+# --- one training run ---------------------------------------------------------------------------------------
+
+
+def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
+                    warm_dir: Path | None) -> tuple[dict, Path]:
+    name, model_config, train_config = configs_for(run, params)
+    seed = train_config.seed if args.seed is None else args.seed
+    train_config = dataclasses.replace(train_config, init=init, seed=seed, device=args.device, progress="off",
+                                       max_minutes=args.max_minutes)
+    out = work / f"step{step}" / f"{_slug(run)}-{init}"
+    load_before = os.getloadavg()[0]
+    result = train_model(name, model_config, train_config, prepared, out, curve_path=out.with_suffix(".csv"),
+                         resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir)
+    device = str(resolve_device(args.device))
+    ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=device)
+    mapping = read_meta(out).get("init") or {}
+    row = {
+        "step": step,
+        "run": run,
+        "model": name,
+        "init": init,
+        "warm_from": mapping.get("from_version"),
+        "test_ndcg@10": ev.metrics["ndcg@10"],
+        "test_hr@10": ev.metrics["hr@10"],
+        "valid_ndcg@10": result.best_valid.get("ndcg@10"),
+        "best_epoch": result.best_epoch,
+        "epochs_run": result.epochs_run,
+        "seconds_to_best": round(result.seconds_to_best, 1),
+        "seconds_total": round(result.seconds, 1),
+        "stopped_by": result.stopped_by,
+        "items": mapping.get("items"),  # kept / new / dropped by the raw-id mapping (warm runs)
+        "users": mapping.get("users"),  # MOJITO's user rows
+        "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "config": dataclasses.asdict(model_config),
+        "train": dataclasses.asdict(train_config),
+    }
+    log.info("step=%d %s init=%s test_ndcg@10=%.4f valid_ndcg@10=%.4f best_epoch=%d time_to_best=%.0fs "
+             "total=%.0fs stopped_by=%s items=%s", step, run, init, row["test_ndcg@10"], row["valid_ndcg@10"],
+             row["best_epoch"], row["seconds_to_best"], row["seconds_total"], row["stopped_by"], row["items"])
+    return row, out
+
+
+def _slug(run: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in run)
+
+
+# --- summary, files, plot -----------------------------------------------------------------------------------
+
+
+def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
+    """Per run: warm/cold ratios at each batch (test NDCG@10, seconds to best, total seconds) and their means
+    over the batches, against the issue's target."""
+    out = {}
+    for run in runs:
+        by = {(r["step"], r["init"]): r for r in rows if r["run"] == run}
+        steps = sorted(s for s, init in by if init == "warm" and (s, "cold") in by)
+        if not steps:
+            continue
+        ndcg = [by[s, "warm"]["test_ndcg@10"] / max(by[s, "cold"]["test_ndcg@10"], 1e-12) for s in steps]
+        best = [by[s, "warm"]["seconds_to_best"] / max(by[s, "cold"]["seconds_to_best"], 1e-9) for s in steps]
+        total = [by[s, "warm"]["seconds_total"] / max(by[s, "cold"]["seconds_total"], 1e-9) for s in steps]
+        capped = sorted({f"step {s} {i}" for (s, i), r in by.items() if r["stopped_by"] == "time_limit"})
+        mean_ndcg, mean_best = statistics.mean(ndcg), statistics.mean(best)
+        out[run] = {
+            "batches": steps,
+            "ndcg_ratio": [round(x, 4) for x in ndcg],
+            "time_to_best_ratio": [round(x, 4) for x in best],
+            "total_time_ratio": [round(x, 4) for x in total],
+            "mean_ndcg_ratio": round(mean_ndcg, 4),
+            "mean_time_to_best_ratio": round(mean_best, 4),
+            "mean_total_time_ratio": round(statistics.mean(total), 4),
+            "meets_target": bool(mean_ndcg >= TARGET_NDCG_RATIO and mean_best <= TARGET_TIME_RATIO),
+            "capped_runs": capped,
+        }
+    return out
+
+
+def record_key(record: dict) -> tuple:
+    return (record["dataset"], tuple(record["runs"]), record["batches"], record["history_share"],
+            record["machine"]["device"], record["warm_from"])
+
+
+def write_record(record: dict, out: Path) -> list[dict]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = json.loads(out.read_text()) if out.is_file() else []
+    kept = [r for r in existing if record_key(r) != record_key(record)] + [record]
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(kept, indent=1) + "\n")
+    tmp.replace(out)
+    return kept
+
+
+def render_table(records: list[dict]) -> str:
+    lines = ["| dataset | device | run | step | init | test NDCG@10 | test HR@10 | valid NDCG@10 "
+             "| best epoch | epochs run | time to best (s) | total (s) | stopped by | items kept/new/dropped "
+             "| load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        for r in rec["rows"]:
+            items = r["items"] or {}
+            mapped = f"{items['kept']}/{items['new']}/{items['dropped']}" if items else "—"
+            lines.append(
+                f"| {rec['dataset']} | {rec['machine']['device']} | {r['run']} | {r['step']} | {r['init']} "
+                f"| {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} | {r['valid_ndcg@10']:.4f} "
+                f"| {r['best_epoch']} | {r['epochs_run']} | {r['seconds_to_best']} | {r['seconds_total']} "
+                f"| {r['stopped_by']} "
+                f"| {mapped} | {r['load_average_before_after']} |")
+    lines += ["", "| dataset | device | run | batches | warm/cold NDCG@10 (mean) "
+              "| warm/cold time to best (mean) | warm/cold total time (mean) | target ≥ 0.99 and ≤ 0.30 "
+              "| capped runs |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        for run, s in rec["summary"].items():
+            lines.append(
+                f"| {rec['dataset']} | {rec['machine']['device']} | {run} | {len(s['batches'])} "
+                f"| {s['mean_ndcg_ratio']} ({', '.join(map(str, s['ndcg_ratio']))}) "
+                f"| {s['mean_time_to_best_ratio']} ({', '.join(map(str, s['time_to_best_ratio']))}) "
+                f"| {s['mean_total_time_ratio']} | {'met' if s['meets_target'] else 'not met'} "
+                f"| {', '.join(s['capped_runs']) or 'none'} |")
+    return "\n".join(lines)
+
+
+def update_results_md(records: list[dict]) -> None:
+    md = ROOT / "benchmarks" / "RESULTS.md"
+    md.write_text(replace_between(md.read_text(), "stream", render_table(records)))
+
+
+def plot(record: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (the JSON has every number)")
+        return None
+    runs = record["runs"]
+    fig, axes = plt.subplots(2, len(runs), figsize=(4.2 * len(runs), 6.4), squeeze=False)
+    for col, run in enumerate(runs):
+        for init, style in (("cold", "o-"), ("warm", "s--")):
+            rows = sorted((r for r in record["rows"] if r["run"] == run and r["init"] == init),
+                          key=lambda r: r["step"])
+            steps = [r["step"] for r in rows]
+            axes[0][col].plot(steps, [r["test_ndcg@10"] for r in rows], style, label=init)
+            axes[1][col].plot(steps, [r["seconds_to_best"] for r in rows], style, label=init)
+        axes[0][col].set_title("\n".join(textwrap.wrap(run, 40)), fontsize=9)
+        axes[0][col].set_ylabel("test NDCG@10")
+        axes[1][col].set_ylabel("seconds to best")
+        axes[1][col].set_xlabel("step (0 = history, then batches)")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xticks(range(record["batches"] + 1))
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.suptitle(f"{record['dataset']} as a stream: warm vs cold ({record['machine']['device']}, "
+                 f"commit {record['commit']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(READERS), default="ml-1m-half")
+    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"],
+                        help="model[:loss][@key=value,...] as bench_models.py --runs")
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--history-share", type=float, default=0.8)
+    parser.add_argument("--warm-from", choices=["deployed", "warm"], default="deployed")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--seed", type=int, default=None, help="train seed (default: params.yaml's)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-minutes", type=float, default=0.0, help="cap per training run (0 = none)")
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    params = load_params(args.params)
+    for run in args.models:
+        configs_for(run, params)  # an unknown key stops here, not after hours of training
+    out = Path(args.out)
+    started = time.perf_counter()
+    interactions, titles = read_dataset(args.dataset, args.data_root)
+    times = interactions[schema.TIMESTAMP].to_numpy()
+    number, edges = stream_batches(times, args.batches, args.history_share)
+    device = str(resolve_device(args.device))
+    record = {
+        "dataset": args.dataset,
+        "runs": args.models,
+        "batches": args.batches,
+        "history_share": args.history_share,
+        "warm_from": args.warm_from,
+        "max_minutes": args.max_minutes,
+        "seed": args.seed,
+        "command": " ".join([Path(sys.executable).name, "benchmarks/bench_stream.py",
+                             *(sys.argv[1:] if argv is None else argv)]),
+        "commit": git_commit(),  # the code this process loaded
+        "machine": {"description": machine(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "device": device, "torch": torch.__version__},
+        "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "load_average_after": None,
+        "windows": [{"batch": b, "from": _iso(edges[b - 1]), "to": _iso(edges[b]),
+                     "events": int((number == b).sum())} for b in range(1, args.batches + 1)],
+        "history": {"to": _iso(edges[0]), "events": int((number == 0).sum())},
+        "steps": [],
+        "rows": [],
+        "summary": {},
+        "complete": False,
+        "seconds": None,
+    }
+    deployed: dict[str, Path] = {}  # run → checkpoint the previous step deploys
+    with tempfile.TemporaryDirectory(prefix="stream-") as tmp:
+        work = Path(tmp)
+        for step in range(args.batches + 1):
+            prepared = prepare(interactions[number <= step], params.prepare, titles)
+            prepared_dir = work / f"step{step}" / "prepared"
+            save(prepared, prepared_dir)
+            fp = prepared.fingerprint
+            record["steps"].append({"step": step, "raw_events": int((number <= step).sum()),
+                                    **{k: fp[k] for k in ("n_users", "n_items", "n_events", "n_train",
+                                                          "n_valid", "n_test")}})
+            log.info("step=%d prepared %s", step, record["steps"][-1])
+            for run in args.models:
+                cold, cold_dir = train_and_score(run, "cold", step, prepared, prepared_dir, work, params,
+                                                 args, None)
+                record["rows"].append(cold)
+                _save(record, out)
+                if step == 0:
+                    deployed[run] = cold_dir
+                    continue
+                warm_dir = work / "warm" / f"{_slug(run)}-{step}"
+                install_warm_source(deployed[run], warm_dir, step)  # "version" = the step it is used at
+                warm, warm_ckpt = train_and_score(run, "warm", step, prepared, prepared_dir, work, params,
+                                                  args, warm_dir)
+                warm["warm_from_checkpoint"] = str(deployed[run].relative_to(work))
+                record["rows"].append(warm)
+                record["summary"] = summarise(record["rows"], args.models)
+                _save(record, out)
+                use_warm = args.warm_from == "warm" or warm["valid_ndcg@10"] >= cold["valid_ndcg@10"]
+                deployed[run] = warm_ckpt if use_warm else cold_dir
+    record.update(complete=True, seconds=round(time.perf_counter() - started, 1),
+                  load_average_after=[round(x, 2) for x in os.getloadavg()])
+    records = _save(record, out)
+    if out.resolve() == RESULTS.resolve():
+        update_results_md(records)
+    picture = plot(record, out.parent / f"stream-{args.dataset}.png")
+    for run, s in record["summary"].items():
+        log.info("%s: warm/cold test NDCG@10 %.4f, time to best %.4f (target ≥ %.2f and ≤ %.2f: %s)", run,
+                 s["mean_ndcg_ratio"], s["mean_time_to_best_ratio"], TARGET_NDCG_RATIO, TARGET_TIME_RATIO,
+                 "met" if s["meets_target"] else "not met")
+    if picture:
+        log.info("plot: %s", picture)
+    return record
+
+
+def _save(record: dict, out: Path) -> list[dict]:
+    record["load_average_now"] = [round(x, 2) for x in os.getloadavg()]
+    return write_record(record, out)
+
+
+if __name__ == "__main__":
+    main()

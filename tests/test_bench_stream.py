@@ -1,0 +1,90 @@
+"""The stream benchmark (benchmarks/bench_stream.py): how the stream is cut, and a tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from flow_support import merge_params
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_stream  # noqa: E402
+
+TINY_SASREC = "sasrec@dim=8,n_heads=1,n_layers=1,max_len=12,epochs=2,patience=2,windows=last"
+
+
+@pytest.mark.parametrize("batches,share", [(5, 0.8), (2, 0.5), (1, 0.9)])
+def test_the_windows_cover_the_tail_once_in_time_order_after_the_history_share(batches, share):
+    rng = np.random.default_rng(0)
+    ts = rng.integers(1_000, 50_000, size=5_000)
+    ts[:3] = [1_000, 50_000, 1_000 + int(share * 49_000)]  # both ends and the cut itself
+    number, edges = bench_stream.stream_batches(ts, batches, share)
+    assert number.shape == ts.shape and set(np.unique(number)) <= set(range(batches + 1))
+    order = np.argsort(ts, kind="stable")
+    assert (np.diff(number[order]) >= 0).all()  # later events never fall in an earlier batch
+    cut = 1_000 + share * 49_000
+    assert edges[0] == pytest.approx(cut) and edges[-1] == 50_000
+    assert (ts[number == 0] < cut).all() and (ts[number > 0] >= cut).all()
+    widths = np.diff(edges)
+    assert np.allclose(widths, widths[0])  # equal windows
+    for b in range(1, batches + 1):
+        inside = (ts >= edges[b - 1]) & ((ts < edges[b]) | ((b == batches) & (ts == edges[b])))
+        assert (inside == (number == b)).all()
+    assert number[1] == batches  # the last event belongs to the last window
+
+
+def test_a_bad_cut_is_refused():
+    with pytest.raises(ValueError):
+        bench_stream.stream_batches([1, 2, 3], 0, 0.8)
+    with pytest.raises(ValueError):
+        bench_stream.stream_batches([1, 2, 3], 2, 1.0)
+
+
+@pytest.mark.slow  # ~8 s of CPU, but several trainings: out of the fast loop
+def test_a_tiny_stream_has_warm_and_cold_rows_for_every_batch(tmp_path, tiny_generated, repo_root):
+    """Two batches of the tiny generated dataset written as an ml-100k `u.data`, a 2-epoch SASRec."""
+    frame = tiny_generated.interactions
+    folder = tmp_path / "data" / "ml-100k"
+    folder.mkdir(parents=True)
+    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
+    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    base = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    out = tmp_path / "results" / "stream.json"
+    threads = torch.get_num_threads()
+    try:
+        record = bench_stream.main([
+            "--dataset", "ml-100k", "--data-root", str(tmp_path / "data"),
+            "--params", str(tmp_path / "params.yaml"), "--models", TINY_SASREC,
+            "--batches", "2", "--history-share", "0.6", "--threads", "1", "--device", "cpu", "--seed", "3",
+            "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    saved = json.loads(out.read_text())
+    assert len(saved) == 1 and saved[0]["complete"] and saved[0] == json.loads(json.dumps(record))
+    rows = saved[0]["rows"]
+    expected = [(0, "cold"), (1, "cold"), (1, "warm"), (2, "cold"), (2, "warm")]
+    assert sorted((r["step"], r["init"]) for r in rows) == expected
+    for r in rows:
+        assert r["epochs_run"] == 2 and 0 <= r["test_ndcg@10"] <= 1 and r["train"]["seed"] == 3
+        assert r["train"]["init"] == r["init"]
+        if r["init"] == "warm":
+            assert r["warm_from"] == r["step"] and r["items"]["kept"] > 0
+            assert set(r["items"]) == {"kept", "new", "dropped"}
+    summary = saved[0]["summary"][TINY_SASREC]
+    assert summary["batches"] == [1, 2] and len(summary["ndcg_ratio"]) == 2
+    assert [w["batch"] for w in saved[0]["windows"]] == [1, 2]
+    assert saved[0]["history"]["events"] + sum(w["events"] for w in saved[0]["windows"]) == len(frame)
+    assert [s["raw_events"] for s in saved[0]["steps"]] == sorted(s["raw_events"] for s in saved[0]["steps"])
+    for key in ("command", "commit", "load_average_before", "load_average_after"):
+        assert saved[0][key]
+    assert saved[0]["machine"]["torch_threads"] == 1 and saved[0]["machine"]["device"] == "cpu"
