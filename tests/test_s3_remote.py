@@ -103,6 +103,7 @@ def test_clone_pulls_everything_and_repro_retrains_nothing(origin, s3_server, tm
 
     sh(["dvc", "pull"], clone, origin.env)
     assert_same_results(origin, clone)
+    sh(["recsys", "warm"], clone, origin.env)  # each model's warm source (a dep of its train stage; not in git)
     repro = sh(["dvc", "repro"], clone, origin.env)
     assert running_stages(repro) == set(), repro
     assert skipped_stages(repro, "didn't change, skipping") == STAGES, repro
@@ -116,6 +117,7 @@ def test_clone_without_the_lock_file_restores_every_stage_from_the_s3_run_cache(
     sh(["git", "checkout", "-q", origin.seed_commit], clone, origin.env)
     assert not (clone / "dvc.lock").exists()
 
+    sh(["recsys", "warm"], clone, origin.env)
     repro = sh(["dvc", "repro", "--pull"], clone, origin.env)
     assert running_stages(repro) == set(), repro
     assert skipped_stages(repro, "is cached - skipping run") == STAGES, repro
