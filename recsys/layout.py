@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +91,6 @@ def resume_dir(resume_root: Path, model: str, run_key: str) -> Path:
 
 def resume_dirs(resume_root: Path, model: str) -> list[Path]:
     """Every resume state of `model` (any run key, and a `.tmp` a kill left)."""
-    import re
-
     root = Path(resume_root)
     own = re.compile(re.escape(model) + r"-[0-9a-f]{20}(\.tmp)?")  # not another model whose name extends it
     return sorted(p for p in root.glob(f"{model}-*") if own.fullmatch(p.name)) if root.is_dir() else []
@@ -99,8 +99,6 @@ def resume_dirs(resume_root: Path, model: str) -> list[Path]:
 def prune_resume_state(resume_root: Path, models: list[str]) -> list[Path]:
     """Remove the resume state of `models`, whose outputs are complete. Called after a successful `dvc repro`
     of them: a stage DVC restored from its cache never ran, so nothing else would clear its old state."""
-    import shutil
-
     removed = [path for model in models for path in resume_dirs(resume_root, model)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)

@@ -33,7 +33,7 @@ from recsys.config import TrainConfig
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
-from recsys.layout import RESUME, Layout, resume_dir, resume_dirs
+from recsys.layout import RESUME, Layout, prune_resume_state, resume_dir
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
@@ -114,8 +114,7 @@ class _Resume:
         return state
 
     def clear(self) -> None:
-        for path in resume_dirs(self.root, self.model_name):
-            shutil.rmtree(path, ignore_errors=True)
+        prune_resume_state(self.root, [self.model_name])
 
 
 def _progress(enabled: str, total: int, desc: str):

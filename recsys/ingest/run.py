@@ -20,7 +20,7 @@ from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
 from recsys.ingest.recovery import complete_push, recover_locked
-from recsys.ingest.report import IngestSummary, iso, rejected, without_source
+from recsys.ingest.report import IngestSummary, iso, rejected
 from recsys.workspace import workspace_lock
 
 log = logging.getLogger(__name__)
@@ -135,15 +135,15 @@ def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex)
     try:
         planned = plan(resolved, where, config, index)
     except BatchRejected as rejection:
+        summary = rejected(sha, path.name, str(rejection), report_json, report_md, rejection.details)
         report = {
             **base,
             "status": "rejected",
-            "message": without_source(path.name, str(rejection)),
+            "message": summary.message,  # the report says what the summary says
             **rejection.details,
             "validations": [v.to_dict() for v in rejection.validations],
         }
         validation.write_report(report, report_json, report_md)
-        summary = rejected(sha, path.name, str(rejection), report_json, report_md, rejection.details)
         log.warning("rejected %s: %s", path.name, summary.message)
         return summary
     return commit(sha, path.name, planned, where, config, report_json, report_md, base, index)
