@@ -43,6 +43,7 @@ from recsys.registry.db import (
     RegisteredModel,
     locked_session,
     make_engine,
+    move_champion,
     read_session,
     resolve_url,
     session_scope,
@@ -237,7 +238,7 @@ class Registry(RegistryReads):
                 return number
             if current is not None and current.role != BASELINE_ROLE:
                 return None
-            self._move_champion(session, model.id, version.id)
+            move_champion(session, model.id, version.id)
             version.status = "promoted"
             reason = (
                 f"baseline champion: v{number} ({version.architecture}) serves until a model passes the gate"
@@ -393,7 +394,7 @@ class Registry(RegistryReads):
 
             decision = "promoted" if outcome.promote else "rejected"
             if outcome.promote:
-                self._move_champion(session, model.id, version.id)
+                move_champion(session, model.id, version.id)
                 version.status = "promoted"
             elif version.status == "registered":
                 version.status = "rejected"
@@ -418,17 +419,6 @@ class Registry(RegistryReads):
             log.info("gate model=%s version=%d decision=%s reason=%s", self.model_name, version.version,
                      decision, outcome.reason)
             return decision_from_event(event, version, current.version if current is not None else None)
-
-    @staticmethod
-    def _move_champion(session: Session, model_id: int, version_id: int) -> None:
-        alias = session.scalars(
-            select(Alias).where(Alias.model_id == model_id, Alias.alias == CHAMPION)
-        ).one_or_none()
-        if alias is None:
-            session.add(Alias(model_id=model_id, alias=CHAMPION, version_id=version_id))
-        else:
-            alias.version_id = version_id
-            alias.updated_at = utcnow()
 
     # -- rollback --
 

@@ -157,6 +157,18 @@ class PromotionEvent(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+def move_champion(session: Session, model_id: int, version_id: int) -> None:
+    """Point the model's champion alias at `version_id` (inside the caller's locked session)."""
+    alias = session.scalars(
+        select(Alias).where(Alias.model_id == model_id, Alias.alias == CHAMPION)
+    ).one_or_none()
+    if alias is None:
+        session.add(Alias(model_id=model_id, alias=CHAMPION, version_id=version_id))
+    else:
+        alias.version_id = version_id
+        alias.updated_at = utcnow()
+
+
 def _is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 

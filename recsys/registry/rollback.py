@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from recsys.registry.db import ModelVersion, PromotionEvent, locked_session
-from recsys.registry.reads import MAX_STORED_VERSION
+from recsys.registry.db import ModelVersion, PromotionEvent, locked_session, move_champion
+from recsys.registry.reads import MAX_STORED_VERSION, RegistryReads
 from recsys.registry.records import EventInfo, RollbackError, event_info, finite_or_none
-
-if TYPE_CHECKING:
-    from recsys.registry.core import Registry
 
 log = logging.getLogger(__name__)
 
 
-def rollback(registry: Registry, to_version: int | None = None) -> EventInfo:
+def rollback(registry: RegistryReads, to_version: int | None = None) -> EventInfo:
     """Move the champion back to the previous champion, or to `to_version` (a once-promoted version).
 
     "Previous" replays the alias history as a stack: promotions push, a rollback pops back to its
@@ -63,7 +58,7 @@ def rollback(registry: Registry, to_version: int | None = None) -> EventInfo:
         metric = registry.gate.metric
         target_metric = finite_or_none(target.metrics.get(metric))
         current_metric = finite_or_none(champion_row.metrics.get(metric))
-        registry._move_champion(session, model.id, target.id)
+        move_champion(session, model.id, target.id)
         event = PromotionEvent(
             model_id=model.id,
             candidate_version_id=target.id,
