@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from dvc_support import copy_repo, make_dvc_repo, point_remote
 from flow_support import REPO_ROOT, merge_params
 from recsys.config import GenerateConfig, PrepareConfig, TrainConfig
 
@@ -139,3 +140,16 @@ def write_params(repo_root, tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="module")
+def dvc_template(tmp_path_factory):
+    """One throw-away git + DVC repository per test module (`git init` + `dvc init` cost seconds)."""
+    base = tmp_path_factory.mktemp("dvc-template")
+    return make_dvc_repo(base / "repo", base / "remote")
+
+
+@pytest.fixture
+def dvc_repo(dvc_template, tmp_path):
+    """A fresh copy of `dvc_template` with its own empty local remote at `tmp_path / "remote"`."""
+    return point_remote(copy_repo(dvc_template, tmp_path / "repo"), tmp_path / "remote")

@@ -11,7 +11,6 @@ import yaml
 
 from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
 from recsys.workspace import DvcError, StageError, run_dvc
-from test_ingest_support import copy_repo, make_dvc_repo
 
 # Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
 dvc_slow = pytest.mark.slow
@@ -25,20 +24,6 @@ def write_stages(repo, **scripts: str) -> None:
         (repo / f"{name}.py").write_text(code)
         stages[name] = {"cmd": f"{sys.executable} {name}.py"}
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
-
-
-@pytest.fixture(scope="module")
-def dvc_template(tmp_path_factory):
-    """One `git init` + `dvc init` per module (each dvc call costs seconds on a loaded box), copied per test."""
-    base = tmp_path_factory.mktemp("dvc-template")
-    return make_dvc_repo(base / "repo", base / "remote")
-
-
-@pytest.fixture
-def dvc_repo(dvc_template, tmp_path):
-    repo = copy_repo(dvc_template, tmp_path / "repo")
-    (repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {tmp_path / 'remote'}\n")
-    return repo
 
 
 @dvc_slow

@@ -15,9 +15,7 @@ from recsys.store import read_store
 from test_ingest_support import (
     VENV_BIN,
     config,
-    copy_repo,
     events,
-    make_dvc_repo,
     run,
     snapshot,
     write_csv,
@@ -34,21 +32,6 @@ def dvc_md5(repo):
 
 def records(repo):
     return [json.loads(line) for line in (repo / "ingest_manifest.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def dvc_template(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dvc")
-    return make_dvc_repo(base / "repo", base / "remote")
-
-
-@pytest.fixture
-def dvc_repo(dvc_template, tmp_path):
-    """A fresh copy of the template repo, with its own local remote (`git init` + `dvc init` run once)."""
-    repo = copy_repo(dvc_template, tmp_path / "repo")
-    (tmp_path / "remote").mkdir()
-    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(tmp_path / "remote")], repo)
-    return repo
 
 
 def test_ingest_adds_pushes_records_version_and_old_versions_check_out(dvc_repo, tmp_path):

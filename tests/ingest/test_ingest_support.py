@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dvc_support import VENV_BIN, copy_repo, make_dvc_repo, run  # noqa: F401 (re-exported)
 from recsys.config import IngestConfig
 
-VENV_BIN = Path(sys.executable).parent
 # Fixed clock-independent timestamps well inside [floor, now + skew].
 T0 = 1_700_000_000
 
@@ -76,29 +72,3 @@ def snapshot(root: Path) -> dict[str, str]:
         if path.exists():
             out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
-
-
-def run(cmd: list[str], cwd: Path) -> str:
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, check=False)
-    assert result.returncode == 0, f"{cmd} failed: {result.stderr}"
-    return result.stdout
-
-
-def make_dvc_repo(root: Path, remote: Path) -> Path:
-    """A throw-away git + DVC repository with a local default remote."""
-    make_repo(root)
-    run(["git", "init", "-q"], root)
-    run(["git", "config", "user.email", "t@example.com"], root)
-    run(["git", "config", "user.name", "t"], root)
-    dvc = [str(VENV_BIN / "dvc")] if (VENV_BIN / "dvc").exists() else [sys.executable, "-m", "dvc"]
-    run([*dvc, "init", "-q"], root)
-    run([*dvc, "config", "core.analytics", "false"], root)
-    remote.mkdir(parents=True, exist_ok=True)
-    run([*dvc, "remote", "add", "-d", "local", str(remote)], root)
-    return root
-
-
-def copy_repo(template: Path, target: Path) -> Path:
-    shutil.copytree(template, target, symlinks=True)
-    return target
