@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.config import load_params  # noqa: E402
+from results_md import mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
 from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
@@ -185,14 +186,6 @@ def render_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def mean_sd(values: list[float], digits: int = 4) -> str:
-    import statistics
-
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f} (1 seed)"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
 def render_summary(rows: list[dict]) -> str:
     """One line per (dataset, run): mean ± sample sd over its seeds."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -205,20 +198,11 @@ def render_summary(rows: list[dict]) -> str:
     for (dataset, run), rs in groups.items():
         stops = sorted({r["stopped_by"] for r in rs})
         lines.append(
-            f"| {dataset} | {run} | {len(rs)} | {mean_sd([r['test_ndcg@10'] for r in rs])} "
-            f"| {mean_sd([r['test_hr@10'] for r in rs])} | {mean_sd([r['best_epoch'] for r in rs], 0)} "
-            f"| {mean_sd([r['seconds_to_best'] for r in rs], 0)} | {', '.join(stops)} |"
+            f"| {dataset} | {run} | {len(rs)} | {mean_sd([r['test_ndcg@10'] for r in rs], one=' (1 seed)')} "
+            f"| {mean_sd([r['test_hr@10'] for r in rs], one=' (1 seed)')} | {mean_sd([r['best_epoch'] for r in rs], 0, one=' (1 seed)')} "
+            f"| {mean_sd([r['seconds_to_best'] for r in rs], 0, one=' (1 seed)')} | {', '.join(stops)} |"
         )
     return "\n".join(lines)
-
-
-def replace_between(text: str, name: str, body: str) -> str:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin not in text:
-        return f"{text}\n{begin}\n{body}\n{end}\n"
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def update_results_md(rows: list[dict]) -> None:

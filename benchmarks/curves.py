@@ -24,6 +24,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from results_md import mean_sd, replace_between  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
@@ -94,12 +95,6 @@ def ratio_interval(a: np.ndarray | None, b: np.ndarray | None, samples: int = 20
 
 def converged(r: dict) -> bool:
     return r["stopped_by"] == "early_stopping"
-
-
-def mean_sd(values: list[float], digits: int) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
 
 
 # Issue 11's SASRec targets (test NDCG@10, mean of ≥ 3 seeds) and the peer's figure under our protocol
@@ -190,15 +185,6 @@ def ablation_table(all_rows: list[dict]) -> str:
                 f"| {delta} |"
             )
     return "\n".join(lines)
-
-
-def replace_between(text: str, name: str, body: str) -> str:
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin not in text:
-        return f"{text}\n{begin}\n{body}\n{end}\n"
-    head, _, rest = text.partition(begin)
-    _, _, tail = rest.partition(end)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
 def main() -> int:
