@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import get_run_logger
 
+from flows.zombies import TAG
 from recsys import fanout
 from recsys.config import ConfigError, load_params
 from recsys.layout import Layout
@@ -34,7 +35,7 @@ def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
     try:
         return run_deployment(name=deployment, parameters=order.parameters(), timeout=0,
                               flow_run_name=f"{order.model}-{order.commit[:8]}-try{attempt}",
-                              tags=["fan-out", order.model])
+                              tags=[TAG, order.model])
     except ObjectNotFound as err:
         raise ConfigError(f"fan_out: no deployment {deployment!r} on this Prefect API; create it with "
                           "`prefect deploy --name train-model/worker` (README, Scaling out) and set "

@@ -4,7 +4,8 @@ A process worker killed with `kill -9` (or a machine that lost power) leaves its
 ever. Flow runs started by a worker send a heartbeat event every `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`
 seconds (≥ 30; set it in the workers' environment); this creates, once per server, the automation from
 Prefect's "detect zombie flows" guide: no heartbeat nor final state within `--within` seconds of the last
-heartbeat marks the run `Crashed`. The retrain flow's fan-out then hands that model to another worker.
+heartbeat marks the run `Crashed` — only runs tagged `fan-out`, the ones the retrain flow hands out, which
+then hands that model to another worker.
 
     PREFECT_API_URL=http://HOST:4200/api python -m flows.zombies --within 90
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-NAME = "recsys: crash flow runs whose heartbeats stopped"
+NAME = "recsys: crash fan-out runs whose heartbeats stopped"
+TAG = "fan-out"  # flows/fanout.py tags every run it hands out
 
 
 def crash_silent_runs(within_seconds: int = 90) -> str:
@@ -36,6 +38,10 @@ def crash_silent_runs(within_seconds: int = 90) -> str:
             expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
                     "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
             match=ResourceSpecification({"prefect.resource.id": ["prefect.flow-run.*"]}),
+            # Only the fan-out's runs (tagged by it): other flow runs may beat at another frequency, or
+            # be the coordinator itself, whose process is not on a worker.
+            match_related=ResourceSpecification({"prefect.resource.role": "tag",
+                                                 "prefect.resource.id": f"prefect.tag.{TAG}"}),
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
