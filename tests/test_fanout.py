@@ -89,3 +89,74 @@ def test_work_order_needs_a_prepare_entry_and_ships_params_and_lock(tmp_path):
 def test_head_commit_outside_git_is_a_user_error(tmp_path):
     with pytest.raises(ConfigError, match="git checkout"):
         fanout.head_commit(tmp_path)
+
+
+class FakeRuns:
+    """Stands in for run_deployment + the API: each submitted run ends in the next state of its model's script."""
+
+    def __init__(self, scripts: dict[str, list]):
+        self.scripts, self.submitted, self.states = scripts, [], {}
+
+    def submit(self, deployment, order, attempt):
+        from types import SimpleNamespace
+        from uuid import uuid4
+
+        run = SimpleNamespace(id=uuid4())
+        self.submitted.append((order.model, attempt))
+        self.states[run.id] = self.scripts[order.model].pop(0)
+        return run
+
+    def client(self, sync_client=True):
+        import contextlib
+        from types import SimpleNamespace
+
+        reader = SimpleNamespace(read_flow_run=lambda run_id: SimpleNamespace(state=self.states[run_id]))
+        return contextlib.nullcontext(reader)
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    import logging
+
+    import prefect.client.orchestration
+
+    import flows.fanout
+
+    def install(scripts):
+        fake = FakeRuns(scripts)
+        monkeypatch.setattr(flows.fanout, "submit", fake.submit)
+        monkeypatch.setattr(flows.fanout, "get_run_logger", lambda: logging.getLogger("fanout-test"))
+        monkeypatch.setattr(prefect.client.orchestration, "get_client", fake.client)
+        return fake
+    return install
+
+
+def orders(*models):
+    return [fanout.WorkOrder(m, SHA, {"params.yaml": ""}) for m in models]
+
+
+def test_a_crashed_run_is_handed_out_again_and_a_failed_one_is_not(fake_runs):
+    from prefect.states import Completed, Crashed, Failed
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Crashed(message="no heartbeat"), Completed()], "mostpop": [Completed()]})
+    assert len(wait_for(orders("mostpop", "sasrec"), "train-model/worker", poll=0)) == 2
+    assert sorted(fake.submitted) == [("mostpop", 1), ("sasrec", 1), ("sasrec", 2)]
+
+    fake = fake_runs({"sasrec": [Failed(message="Flow run encountered an exception: StageError: train@sasrec: "
+                                                 "train.lr must be > 0")]})
+    with pytest.raises(fanout.FanOutError, match=r"sasrec failed on a worker: .*train\.lr must be > 0"):
+        wait_for(orders("sasrec"), "train-model/worker", poll=0)
+    assert fake.submitted == [("sasrec", 1)]  # deterministic: never resubmitted
+
+
+def test_a_model_whose_runs_keep_crashing_stops_the_fan_out(fake_runs):
+    from prefect.states import Crashed
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Crashed(message="lost")] * 3})
+    with pytest.raises(fanout.WorkerLostError, match="crashed 3 times"):
+        wait_for(orders("sasrec"), "train-model/worker", resubmits=2, poll=0)
+    assert fake.submitted == [("sasrec", 1), ("sasrec", 2), ("sasrec", 3)]
