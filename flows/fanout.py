@@ -27,6 +27,30 @@ POLL_SECONDS = 5.0
 RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when its workers keep crashing
 
 
+def check_deployment(deployment: str) -> None:
+    """The deployment exists on this API (else one line saying how to create it); warn when its pool has no
+    worker online (the runs then wait, Scheduled, until one starts)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound as err:
+            raise ConfigError(_no_deployment(deployment)) from err
+        pool = found.work_pool_name
+        online = [w for w in client.read_workers_for_work_pool(pool) if str(w.status).upper().endswith("ONLINE")] \
+            if pool else []
+    if not online:
+        get_run_logger().warning("fan-out: no worker of pool %s is online; the runs wait until one starts "
+                                 "(`prefect worker start --pool %s --limit 1`)", pool, pool)
+
+
+def _no_deployment(deployment: str) -> str:
+    return (f"fan_out: no deployment {deployment!r} on this Prefect API; create it with `prefect deploy "
+            "--prefect-file prefect-fanout.yaml --all` (README, Scaling out) and set PREFECT_API_URL to that server")
+
+
 def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
     """A flow run of `deployment` for `order`, scheduled now, linked to the calling flow as a subflow."""
     from prefect.deployments import run_deployment
@@ -37,9 +61,7 @@ def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
                               flow_run_name=f"{order.model}-{order.commit[:8]}-try{attempt}",
                               tags=[TAG, order.model])
     except ObjectNotFound as err:
-        raise ConfigError(f"fan_out: no deployment {deployment!r} on this Prefect API; create it with "
-                          "`prefect deploy --name train-model/worker` (README, Scaling out) and set "
-                          "PREFECT_API_URL to that server") from err
+        raise ConfigError(_no_deployment(deployment)) from err
 
 
 def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = RESUBMITS,

@@ -142,7 +142,10 @@ def retrain(
     paths = Layout(root)
     selected = select_models(load_params(paths.params), models)
     if fan_out:  # refuse what fan-out cannot do before anything runs
+        from flows.fanout import check_deployment
+
         check_fan_out(load_params(paths.params), selected, force)
+        check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
