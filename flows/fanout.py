@@ -113,7 +113,7 @@ def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs:
                           f"HEAD {commit[:12]}: commit and push first (or run without fan_out)")
     targets = [f"evaluate@{m}" for m in models]
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
-        ran = _running_stages(run_dvc(root, "repro", "prepare").stdout)
+        ran = fanout.running_stages(run_dvc(root, "repro", "prepare").stdout)
         run_dvc(root, "push", "prepare")
         stale = fanout.stale_models(root, models)
         orders = [fanout.work_order(root, m, commit) for m in stale]
@@ -121,16 +121,12 @@ def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs:
             wait_for(orders, deployment)
         ran += [stage for m in stale for stage in fanout.model_stages(m)]
         restored = run_dvc(root, "repro", "--pull", *targets).stdout
-        here = [s for s in _running_stages(restored) if s != "prepare"]
+        here = [s for s in fanout.running_stages(restored) if s != "prepare"]
         if here:  # a run-cache miss: correct results, but the work was done twice
             logger.warning("fan-out: %s ran here too: the workers' run-cache did not match this workspace "
                            "(params.yaml or code differing from the workers'?)", ", ".join(here))
             ran += here
     return list(dict.fromkeys(ran))
-
-
-def _running_stages(dvc_output: str) -> list[str]:
-    return [line.split("'")[1] for line in dvc_output.splitlines() if line.startswith("Running stage '")]
 
 
 def _short(message: str | None) -> str:

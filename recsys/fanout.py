@@ -162,11 +162,13 @@ def reproduce(root: Path, model: str) -> list[str]:
     root = Path(root)
     run_dvc(root, "pull", "prepare")
     resolve_warm_sources(root, load_params(Layout(root).params), [model])
-    ran = []
-    for stage in model_stages(model):
-        done = run_dvc(root, "repro", "--single-item", stage)
-        ran += [line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Running stage '")]
-    return ran
+    # One `dvc` process for both (with --single-item the targets run in the order given).
+    return running_stages(run_dvc(root, "repro", "--single-item", *model_stages(model)).stdout)
+
+
+def running_stages(dvc_output: str) -> list[str]:
+    """The stages a `dvc repro` ran, in order (its "Running stage '<name>':" lines)."""
+    return [line.split("'")[1] for line in dvc_output.splitlines() if line.startswith("Running stage '")]
 
 
 def push(root: Path, model: str) -> None:
