@@ -100,14 +100,13 @@ def head_commit(root: Path) -> str:
 
 
 def code_paths(dvc_yaml: dict[str, Any]) -> set[str]:
-    """The files `train@*` and `evaluate@*` depend on that git carries (everything but pipeline data)."""
+    """The files `train@*` and `evaluate@*` depend on that git carries: dvc.yaml and the stages' Python
+    modules (recsys.dvc_graph lists every module a stage imports; the other deps are pipeline data)."""
     stages = (dvc_yaml or {}).get("stages") or {}
     paths = {DVC_YAML}
     for name in MODEL_STAGES:
         body = stages.get(name) or {}
-        for dep in (body.get("do") or body).get("deps") or []:
-            if "${" not in dep and not dep.startswith("artifacts/"):
-                paths.add(dep)
+        paths.update(dep for dep in (body.get("do") or body).get("deps") or [] if dep.endswith(".py"))
     return paths
 
 
