@@ -30,6 +30,7 @@ def pipeline(
     epochs: int | None = None,
     inbox: str | None = None,
     repo_root: str = str(ROOT),
+    fan_out: str | None = None,
 ) -> dict[str, Any]:
     """Ingest new batches, then retrain what changed and gate the best candidate.
 
@@ -39,9 +40,10 @@ def pipeline(
         epochs: override `train.epochs` for this run only.
         inbox: inbox folder (default: params.yaml `ingest.inbox`).
         repo_root: the repository (DVC workspace); its params.yaml is the one every stage reads.
+        fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
     """
     ingested = ingest(inbox=inbox, repo_root=repo_root)
-    retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root)
+    retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out)
     return {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
 
 
@@ -52,11 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
     parser.add_argument("--repo-root", default=str(ROOT))
+    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
+                        help="train each model as a run of this train-model deployment on a worker pool")
     args = parser.parse_args(argv)
 
     def run() -> dict[str, Any]:
         summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, inbox=args.inbox,
-                           repo_root=args.repo_root)
+                           repo_root=args.repo_root, fan_out=args.fan_out)
         print(json.dumps(summary, indent=2, default=str))
         changed = bool(summary["ingest"].get("batches") or summary["retrain"].get("stages_run"))
         # A sample of what the champion recommends when something changed (scoring loads torch and the model).

@@ -2,6 +2,7 @@
 
     python -m flows.retrain            # every model in params.yaml, only what changed
     python -m flows.retrain --force    # retrain even if DVC says nothing changed
+    python -m flows.retrain --fan-out train-model/worker   # each model on a worker of a pool (README)
 
 `dvc repro` owns the graph (prepare → train@m → evaluate@m); this flow decides what goes in — each
 model's warm source, the champion a `train.init: warm | auto` run starts from (`recsys.warm_source`, a
@@ -30,6 +31,7 @@ from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
                                select_models, training_progress)
 from recsys.faults import fault_point
+from recsys.fanout import check_fan_out
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -104,12 +106,23 @@ def promote_candidate(root: str, candidate: str, params_path: str | None = None)
     return {**dataclasses.asdict(decision), "model": candidate}
 
 
+@task(name="fan-out")
+def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | None, force: bool) -> list[str]:
+    """Train + evaluate each stale model on a worker of `deployment`'s pool; restore them here (flows.fanout)."""
+    from flows.fanout import reproduce_on_workers
+
+    ran = reproduce_on_workers(Path(root), models, deployment, epochs, force)
+    prune_resume_state(Layout(Path(root)).resume, models)
+    return ran
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
     models: list[str] | None = None,
     force: bool = False,
     epochs: int | None = None,
     repo_root: str = str(ROOT),
+    fan_out: str | None = None,
 ) -> dict[str, Any]:
     """Rebuild the prepared dataset, train + evaluate `models` (default: all in params.yaml) through DVC,
     then gate the best candidate (by validation NDCG@10) against the champion.
@@ -120,18 +133,29 @@ def retrain(
         force: retrain even when DVC finds nothing changed.
         epochs: override `train.epochs` for this run only (DVC records it; the next normal run retrains).
         repo_root: the repository (DVC workspace) to run in; its params.yaml is the one every stage reads.
+        fan_out: a deployment of the `train-model` flow (e.g. `train-model/worker`): train + evaluate each
+            model as a run of it on a worker of its pool, sharing results through the DVC remote. Default
+            (none): one `dvc repro` here.
     """
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
     selected = select_models(load_params(paths.params), models)
+    if fan_out:  # refuse what fan-out cannot do before anything runs
+        from flows.fanout import check_deployment
+
+        check_fan_out(load_params(paths.params), selected, force)
+        check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]
     stale = stale_stages(str(root), targets)
     logger.info("stale stages: %s", ", ".join(stale) or "none")
-    ran = reproduce(str(root), targets, force, epochs, selected) if (stale or force or epochs) else []
+    if fan_out:
+        ran = fan_out_stages(str(root), selected, fan_out, epochs, force) if (stale or force or epochs) else []
+    else:
+        ran = reproduce(str(root), targets, force, epochs, selected) if (stale or force or epochs) else []
     results = collect_results(str(root), selected)
     curves = {m: read_curve(paths.curve(m)) for m in selected}
     candidate = choose_candidate(results)
@@ -158,9 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
     parser.add_argument("--repo-root", default=str(ROOT))
+    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
+                        help="train each model as a run of this train-model deployment on a worker pool")
     args = parser.parse_args(argv)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
-                                       repo_root=args.repo_root), args.verbose)
+                                       repo_root=args.repo_root, fan_out=args.fan_out), args.verbose)
     print(json.dumps(summary, indent=2, default=str))
 
 

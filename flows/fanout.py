@@ -1,0 +1,134 @@
+"""The retrain flow's fan-out: each stale model's train + evaluate as a run of the `train-model` deployment,
+on whichever worker of its pool is free; then one local `dvc repro --pull` that restores them all from the
+DVC run-cache (`recsys.fanout` says why the keys match).
+
+A run that ends `Crashed` — its worker died; with flow-run heartbeats and the automation of
+`flows/zombies.py` the server marks a silent run so — is handed out again, up to `resubmits` times, and a
+surviving worker picks it up. A `Failed` run is not: the worker already retried what may pass, so what is
+left is deterministic (a stage's own error) and is reported as one line.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+
+from flows.zombies import TAG
+from recsys import fanout
+from recsys.config import ConfigError, load_params
+from recsys.layout import Layout
+from recsys.retraining import epochs_override
+from recsys.workspace import run_dvc, workspace_lock
+
+POLL_SECONDS = 5.0
+RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when its workers keep crashing
+
+
+def check_deployment(deployment: str) -> None:
+    """The deployment exists on this API (else one line saying how to create it); warn when its pool has no
+    worker online (the runs then wait, Scheduled, until one starts)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            found = client.read_deployment_by_name(deployment)
+        except ObjectNotFound as err:
+            raise ConfigError(_no_deployment(deployment)) from err
+        pool = found.work_pool_name
+        online = [w for w in client.read_workers_for_work_pool(pool) if str(w.status).upper().endswith("ONLINE")] \
+            if pool else []
+    if not online:
+        get_run_logger().warning("fan-out: no worker of pool %s is online; the runs wait until one starts "
+                                 "(`prefect worker start --pool %s --limit 1`)", pool, pool)
+
+
+def _no_deployment(deployment: str) -> str:
+    return (f"fan_out: no deployment {deployment!r} on this Prefect API; create it with `prefect deploy "
+            "--prefect-file prefect-fanout.yaml --all` (README, Scaling out) and set PREFECT_API_URL to that server")
+
+
+def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
+    """A flow run of `deployment` for `order`, scheduled now, linked to the calling flow as a subflow."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return run_deployment(name=deployment, parameters=order.parameters(), timeout=0,
+                              flow_run_name=f"{order.model}-{order.commit[:8]}-try{attempt}",
+                              tags=[TAG, order.model])
+    except ObjectNotFound as err:
+        raise ConfigError(_no_deployment(deployment)) from err
+
+
+def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = RESUBMITS,
+             poll: float = POLL_SECONDS) -> list[str]:
+    """Hand out every order and wait until each has completed once; returns the models' final run ids."""
+    from prefect.client.orchestration import get_client
+
+    logger = get_run_logger()
+    attempts = {o.model: 1 for o in orders}
+    running = {o.model: submit(deployment, o, 1).id for o in orders}
+    by_model = {o.model: o for o in orders}
+    done: list[str] = []
+    logger.info("fan-out: %d run(s) of %s scheduled: %s", len(orders), deployment, ", ".join(running))
+    while running:
+        time.sleep(poll)
+        with get_client(sync_client=True) as client:
+            states = {m: client.read_flow_run(run_id).state for m, run_id in running.items()}
+        for model, state in states.items():
+            if state is None or not state.is_final():
+                continue
+            if state.is_completed():
+                done.append(str(running.pop(model)))
+                logger.info("fan-out: %s done on a worker", model)
+            elif state.is_crashed():
+                if attempts[model] > resubmits:
+                    raise fanout.WorkerLostError(f"fan-out: {model}'s run crashed {attempts[model]} times (last: "
+                                                 f"{state.message}); check the workers of {deployment}'s pool")
+                attempts[model] += 1
+                logger.warning("fan-out: %s's run crashed (%s); handing it out again (attempt %d)", model,
+                               state.message, attempts[model])
+                running[model] = submit(deployment, by_model[model], attempts[model]).id
+            else:  # Failed or Cancelled: deterministic, or a person's decision
+                raise fanout.FanOutError(f"fan-out: {model} {state.name.lower()} on a worker: "
+                                         f"{_short(state.message)}")
+    return done
+
+
+def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs: int | None,
+                         force: bool = False) -> list[str]:
+    """Prepare here, train + evaluate each stale model on a worker, restore everything here from the
+    run-cache. Returns the stages that ran (here or on a worker), like the serial `dvc repro`."""
+    logger = get_run_logger()
+    paths = Layout(root)
+    fanout.check_fan_out(load_params(paths.params), models, force)
+    commit = fanout.head_commit(root)
+    dirty = fanout.uncommitted_code(root)
+    if dirty:
+        raise ConfigError(f"fan_out runs the committed code on the workers, but {', '.join(dirty)} differ(s) from "
+                          f"HEAD {commit[:12]}: commit and push first (or run without fan_out)")
+    targets = [f"evaluate@{m}" for m in models]
+    with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
+        ran = fanout.running_stages(run_dvc(root, "repro", "prepare").stdout)
+        run_dvc(root, "push", "prepare")
+        stale = fanout.stale_models(root, models)
+        orders = [fanout.work_order(root, m, commit) for m in stale]
+        if orders:
+            wait_for(orders, deployment)
+        ran += [stage for m in stale for stage in fanout.model_stages(m)]
+        restored = run_dvc(root, "repro", "--pull", *targets).stdout
+        here = [s for s in fanout.running_stages(restored) if s != "prepare"]
+        if here:  # a run-cache miss: correct results, but the work was done twice
+            logger.warning("fan-out: %s ran here too: the workers' run-cache did not match this workspace "
+                           "(params.yaml or code differing from the workers'?)", ", ".join(here))
+            ran += here
+    return list(dict.fromkeys(ran))
+
+
+def _short(message: str | None) -> str:
+    lines = [line for line in (message or "no message").splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"

@@ -1,0 +1,185 @@
+"""Fan-out: each model's `train` + `evaluate` stages reproduced on a worker, shared through the DVC remote.
+
+The coordinator (the retrain flow with `fan_out` set) runs `prepare` and pushes it, then hands each stale
+model to a worker as a `WorkOrder`: the git commit to check out and the two files a checkout of it lacks
+(params.yaml as the coordinator runs it, with any epochs override, and dvc.lock, which says which prepared
+dataset to pull). A worker, starting from a clean clone, checks out the commit, writes those files, pulls the
+prepared dataset, writes the model's warm source, reproduces `train@<model>` and `evaluate@<model>` and
+pushes their outputs and its run-cache. Same code, same params, same inputs: the run-cache key DVC computes
+on the coordinator (`cmd`, every dependency's hash, the params' values, the output paths) is the worker's,
+so the coordinator's own `dvc repro --pull` restores every stage from the bucket instead of training.
+
+Nothing here depends on a worker's disk surviving: an order is complete in its parameters, the worker's
+checkout is thrown away, and a lost worker's order is simply handed out again.
+
+Plain Python (no Prefect): `flows/retrain.py` and `flows/train_model.py` call these functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from recsys.config import ConfigError, Params, load_params, validate_name
+from recsys.layout import PARAMS, Layout
+from recsys.workspace import DvcError, StageError, run_dvc
+
+log = logging.getLogger(__name__)
+
+DVC_YAML = "dvc.yaml"
+DVC_LOCK = "dvc.lock"
+# What a worker's checkout of the coordinator's commit lacks: dvc.lock is not committed, and params.yaml may
+# differ from the commit (an epochs override, a local registry URL). Nothing else is shipped.
+SHIPPED_FILES = (PARAMS, DVC_LOCK)
+MODEL_STAGES = ("train", "evaluate")
+
+
+class FanOutError(StageError):
+    """A worker's run of a model failed deterministically (its stage's error, a commit it cannot fetch);
+    running it again would fail the same way."""
+
+
+class WorkerLostError(DvcError):
+    """A model's runs kept ending without a result (workers crashed or were lost) more times than allowed."""
+
+
+def model_stages(model: str) -> list[str]:
+    return [f"{stage}@{model}" for stage in MODEL_STAGES]
+
+
+@dataclass(frozen=True)
+class WorkOrder:
+    """Everything a worker needs to reproduce one model's stages, as the coordinator would."""
+
+    model: str
+    commit: str
+    files: dict[str, str] = field(default_factory=dict)  # path relative to the root -> text
+
+    def __post_init__(self) -> None:
+        validate_name(self.model, "model name")
+        if not (len(self.commit) == 40 and all(c in "0123456789abcdef" for c in self.commit)):
+            raise ConfigError(f"work order for {self.model}: commit must be a full 40-digit git sha, got "
+                              f"{self.commit!r}")
+        unknown = sorted(set(self.files) - set(SHIPPED_FILES))
+        if unknown:
+            raise ConfigError(f"work order for {self.model}: only {list(SHIPPED_FILES)} are shipped to a worker, "
+                              f"not {unknown}")
+        if PARAMS not in self.files:
+            raise ConfigError(f"work order for {self.model}: {PARAMS} is missing")
+
+    def parameters(self) -> dict[str, Any]:
+        """The worker flow's parameters (`flows/train_model.py`)."""
+        return {"model": self.model, "commit": self.commit, "files": dict(self.files)}
+
+
+def check_fan_out(params: Params, models: Iterable[str], force: bool) -> None:
+    """Refuse what fan-out cannot do faithfully, before anything runs, with the setting that fixes it."""
+    if force:
+        raise ConfigError("--force cannot be combined with fan_out: a forced run skips DVC's run-cache, which is "
+                          "how the workers' results reach this workspace; run without fan_out to force, or "
+                          "change what should retrain (data, params, code)")
+    warm = [m for m in models if params.train_config(m).init != "cold"]
+    if warm:
+        raise ConfigError(f"fan_out needs train.init: cold for {warm}: a worker starts from a clean checkout and "
+                          "cannot read the champion's weights from this machine's registry artifacts "
+                          "(registry.artifact_root); set `init: cold` or run without fan_out")
+
+
+def head_commit(root: Path) -> str:
+    done = _git(root, "rev-parse", "HEAD")
+    if done.returncode != 0:
+        raise ConfigError(f"fan_out needs a git checkout whose commit the workers can clone; {root} has none "
+                          f"({done.stderr.strip()})")
+    return done.stdout.strip()
+
+
+def code_paths(dvc_yaml: dict[str, Any]) -> set[str]:
+    """The files `train@*` and `evaluate@*` depend on that git carries: dvc.yaml and the stages' Python
+    modules (recsys.dvc_graph lists every module a stage imports; the other deps are pipeline data)."""
+    stages = (dvc_yaml or {}).get("stages") or {}
+    paths = {DVC_YAML}
+    for name in MODEL_STAGES:
+        body = stages.get(name) or {}
+        paths.update(dep for dep in (body.get("do") or body).get("deps") or [] if dep.endswith(".py"))
+    return paths
+
+
+def uncommitted_code(root: Path) -> list[str]:
+    """Stage code (and dvc.yaml) that differs from HEAD here, including files git does not track yet: the
+    workers would run the committed version, so their run-cache entries would not match this workspace."""
+    deps = code_paths(yaml.safe_load((Path(root) / DVC_YAML).read_text(encoding="utf-8")))
+    done = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *sorted(deps))
+    return sorted(line[3:] for line in done.stdout.splitlines() if line[3:] in deps)
+
+
+def work_order(root: Path, model: str, commit: str) -> WorkOrder:
+    root = Path(root)
+    files = {name: (root / name).read_text(encoding="utf-8") for name in SHIPPED_FILES if (root / name).is_file()}
+    if DVC_LOCK not in files or "prepare" not in (yaml.safe_load(files[DVC_LOCK]) or {}).get("stages", {}):
+        raise ConfigError(f"{root / DVC_LOCK} has no `prepare` entry: run `dvc repro prepare` before fanning out")
+    return WorkOrder(model=model, commit=commit, files=files)
+
+
+def stale_models(root: Path, models: list[str]) -> list[str]:
+    """Models whose train or evaluate stage `dvc repro` would run (prepare is assumed up to date)."""
+    targets = [s for m in models for s in model_stages(m)]
+    done = run_dvc(Path(root), "status", "--json", *targets)
+    stale = {name.partition("@")[2] for name in json.loads(done.stdout or "{}") if "@" in name}
+    return [m for m in models if m in stale]
+
+
+# --- the worker's side -------------------------------------------------------------------------------------
+
+
+def check_out(root: Path, order: WorkOrder) -> None:
+    """Put the worker's clean clone at the order's commit and write the shipped files."""
+    root = Path(root)
+    if head_commit(root) != order.commit:
+        fetched = _git(root, "fetch", "--quiet", "--depth", "1", "origin", order.commit)
+        if fetched.returncode != 0:
+            raise FanOutError(f"commit {order.commit[:12]} is not in the repository this worker clones "
+                              f"({_git(root, 'remote', 'get-url', 'origin').stdout.strip() or 'origin'}): push it "
+                              f"before fanning out ({fetched.stderr.strip().splitlines()[-1:]})")
+        checked = _git(root, "checkout", "--quiet", "--detach", order.commit)
+        if checked.returncode != 0:
+            raise FanOutError(f"cannot check out {order.commit[:12]}: {checked.stderr.strip()}")
+    for name, text in order.files.items():
+        (root / name).write_text(text, encoding="utf-8")
+
+
+def reproduce(root: Path, model: str) -> list[str]:
+    """Pull the prepared dataset, write the warm source, reproduce the model's two stages. Returns the stages
+    that ran. (`--single-item`: the worker has no raw store; `prepare` is the coordinator's.)"""
+    from recsys.warm_source import resolve_warm_sources
+
+    root = Path(root)
+    run_dvc(root, "pull", "prepare")
+    resolve_warm_sources(root, load_params(Layout(root).params), [model])
+    # One `dvc` process for both (with --single-item the targets run in the order given).
+    return running_stages(run_dvc(root, "repro", "--single-item", *model_stages(model)).stdout)
+
+
+def running_stages(dvc_output: str) -> list[str]:
+    """The stages a `dvc repro` ran, in order (its "Running stage '<name>':" lines)."""
+    return [line.split("'")[1] for line in dvc_output.splitlines() if line.startswith("Running stage '")]
+
+
+def push(root: Path, model: str) -> None:
+    """The model's outputs and this clone's run-cache (only this run's entries: the clone started empty)."""
+    run_dvc(Path(root), "push", "--run-cache", *model_stages(model))
+
+
+def summary(root: Path, model: str) -> dict[str, Any]:
+    metrics = json.loads(Layout(Path(root)).metrics(model).read_text(encoding="utf-8"))
+    return {"model": model, "test_ndcg@10": metrics.get("ndcg@10"),
+            "valid_ndcg@10": (metrics.get("valid") or {}).get("ndcg@10")}
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)

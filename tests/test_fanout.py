@@ -1,0 +1,162 @@
+"""Fan-out's pure parts (recsys/fanout.py): what a work order carries, what fan-out refuses, which code must
+be committed. The distributed run itself is tests/test_fanout_e2e.py (slow)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flow_support import REPO_ROOT, merge_params
+from recsys import fanout
+from recsys.config import ConfigError, parse_params
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def params(overrides: dict | None = None):
+    return parse_params(merge_params(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), overrides or {}))
+
+
+def test_work_order_parameters_round_trip_and_validation():
+    order = fanout.WorkOrder("sasrec", SHA, {"params.yaml": "models: [sasrec]\n", "dvc.lock": "schema: '2.0'\n"})
+    assert fanout.WorkOrder(**order.parameters()) == order
+    with pytest.raises(ConfigError, match="40-digit"):
+        fanout.WorkOrder("sasrec", "HEAD", {"params.yaml": ""})
+    with pytest.raises(ConfigError, match="only"):
+        fanout.WorkOrder("sasrec", SHA, {"params.yaml": "", "data/x.parquet": ""})
+    with pytest.raises(ConfigError, match="params.yaml is missing"):
+        fanout.WorkOrder("sasrec", SHA, {})
+    with pytest.raises(ConfigError, match="model name"):
+        fanout.WorkOrder("../etc", SHA, {"params.yaml": ""})
+
+
+def test_fan_out_refuses_force_and_warm_starts_with_the_setting_to_change():
+    fanout.check_fan_out(params(), ["mostpop", "sasrec"], force=False)  # the default (cold) is fine
+    with pytest.raises(ConfigError, match="--force cannot be combined with fan_out"):
+        fanout.check_fan_out(params(), ["sasrec"], force=True)
+    warm = params({"sasrec": {"train": {"init": "auto"}}})
+    with pytest.raises(ConfigError, match=r"train.init: cold for \['sasrec'\]"):
+        fanout.check_fan_out(warm, ["mostpop", "sasrec", "bert4rec"], force=False)
+    fanout.check_fan_out(warm, ["mostpop", "bert4rec"], force=False)  # only the models being trained count
+
+
+def test_code_paths_are_the_model_stages_code_deps_and_dvc_yaml():
+    paths = fanout.code_paths(yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text()))
+    assert {"dvc.yaml", "recsys/train.py", "recsys/evaluate.py", "recsys/models/sasrec.py"} <= paths
+    assert not {p for p in paths if p.startswith("artifacts/") or "${" in p}
+    assert "recsys/prepare.py" in paths  # train imports it, so it is a train dep (as dvc.yaml says)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout
+
+
+def test_uncommitted_code_lists_changed_and_new_stage_code_only(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "recsys" / "models").mkdir(parents=True)
+    dvc_yaml = {"stages": {"train": {"foreach": "${models}", "do": {"deps": [
+        "artifacts/prepared", "artifacts/warm/${item}", "recsys/train.py", "recsys/models/new.py"]}},
+        "evaluate": {"foreach": "${models}", "do": {"deps": ["recsys/evaluate.py"]}}}}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml))
+    for name in ("recsys/train.py", "recsys/evaluate.py", "README.md", "params.yaml"):
+        (repo / name).write_text("x\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "c")
+    assert fanout.uncommitted_code(repo) == []
+    assert len(fanout.head_commit(repo)) == 40
+
+    (repo / "recsys/train.py").write_text("y\n")
+    (repo / "recsys/models/new.py").write_text("new\n")  # untracked, but a dep
+    (repo / "README.md").write_text("docs\n")  # not stage code
+    (repo / "params.yaml").write_text("shipped\n")  # shipped to the workers
+    assert fanout.uncommitted_code(repo) == ["recsys/models/new.py", "recsys/train.py"]
+
+
+def test_work_order_needs_a_prepare_entry_and_ships_params_and_lock(tmp_path):
+    (tmp_path / "params.yaml").write_text("models: [sasrec]\n")
+    with pytest.raises(ConfigError, match="dvc repro prepare"):
+        fanout.work_order(tmp_path, "sasrec", SHA)
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"prepare": {"cmd": "x"}}}))
+    order = fanout.work_order(tmp_path, "sasrec", SHA)
+    assert set(order.files) == {"params.yaml", "dvc.lock"} and order.files["params.yaml"] == "models: [sasrec]\n"
+
+
+def test_head_commit_outside_git_is_a_user_error(tmp_path):
+    with pytest.raises(ConfigError, match="git checkout"):
+        fanout.head_commit(tmp_path)
+
+
+class FakeRuns:
+    """Stands in for run_deployment + the API: each submitted run ends in the next state of its model's script."""
+
+    def __init__(self, scripts: dict[str, list]):
+        self.scripts, self.submitted, self.states = scripts, [], {}
+
+    def submit(self, deployment, order, attempt):
+        from types import SimpleNamespace
+        from uuid import uuid4
+
+        run = SimpleNamespace(id=uuid4())
+        self.submitted.append((order.model, attempt))
+        self.states[run.id] = self.scripts[order.model].pop(0)
+        return run
+
+    def client(self, sync_client=True):
+        import contextlib
+        from types import SimpleNamespace
+
+        reader = SimpleNamespace(read_flow_run=lambda run_id: SimpleNamespace(state=self.states[run_id]))
+        return contextlib.nullcontext(reader)
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    import logging
+
+    import prefect.client.orchestration
+
+    import flows.fanout
+
+    def install(scripts):
+        fake = FakeRuns(scripts)
+        monkeypatch.setattr(flows.fanout, "submit", fake.submit)
+        monkeypatch.setattr(flows.fanout, "get_run_logger", lambda: logging.getLogger("fanout-test"))
+        monkeypatch.setattr(prefect.client.orchestration, "get_client", fake.client)
+        return fake
+    return install
+
+
+def orders(*models):
+    return [fanout.WorkOrder(m, SHA, {"params.yaml": ""}) for m in models]
+
+
+def test_a_crashed_run_is_handed_out_again_and_a_failed_one_is_not(fake_runs):
+    from prefect.states import Completed, Crashed, Failed
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Crashed(message="no heartbeat"), Completed()], "mostpop": [Completed()]})
+    assert len(wait_for(orders("mostpop", "sasrec"), "train-model/worker", poll=0)) == 2
+    assert sorted(fake.submitted) == [("mostpop", 1), ("sasrec", 1), ("sasrec", 2)]
+
+    fake = fake_runs({"sasrec": [Failed(message="Flow run encountered an exception: StageError: train@sasrec: "
+                                                 "train.lr must be > 0")]})
+    with pytest.raises(fanout.FanOutError, match=r"sasrec failed on a worker: .*train\.lr must be > 0"):
+        wait_for(orders("sasrec"), "train-model/worker", poll=0)
+    assert fake.submitted == [("sasrec", 1)]  # deterministic: never resubmitted
+
+
+def test_a_model_whose_runs_keep_crashing_stops_the_fan_out(fake_runs):
+    from prefect.states import Crashed
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Crashed(message="lost")] * 3})
+    with pytest.raises(fanout.WorkerLostError, match="crashed 3 times"):
+        wait_for(orders("sasrec"), "train-model/worker", resubmits=2, poll=0)
+    assert fake.submitted == [("sasrec", 1), ("sasrec", 2), ("sasrec", 3)]
