@@ -5,6 +5,7 @@ test_*_support modules."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
@@ -120,6 +121,16 @@ def sh(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) 
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{' '.join(args)} failed ({done.returncode}):\n{output}"
     return output
+
+
+def modules_loaded_by(code: str, cwd: Path = REPO_ROOT, env: dict | None = None) -> set[str]:
+    """The modules a fresh interpreter has imported after running `code` (what a process pays for at start)."""
+    probe = f"{code}\nimport json, sys\nprint('MODULES=' + json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env or subprocess_env(), capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = [line for line in done.stdout.splitlines() if line.startswith("MODULES=")][-1]
+    return set(json.loads(line[len("MODULES="):]))
 
 
 def running_stages(dvc_output: str) -> set[str]:
