@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recsys.config import ConfigError, GateConfig, RegistryConfig, validate_name
-from recsys.gate import GateDecision, Scores, decide
+from recsys.gate import GateDecision, Scores, decide, load_statistics
 from recsys.registry.migrate import upgrade as upgrade_schema
 from recsys.registry.db import (
     CHAMPION,
@@ -290,6 +290,7 @@ class Registry(RegistryReads):
         replay = self._recorded_decision(stored.sha256, fingerprint)
         if replay is not None:
             return replay
+        load_statistics()  # before the locked section below, not inside it
         reference = _scores(baseline_result, metric) if baseline_result is not None else None
 
         for _attempt in range(_MAX_ATTEMPTS):
