@@ -22,7 +22,9 @@ from prefect import flow, get_run_logger, task
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import load_params
+from recsys.config import IngestConfig, load_params
+from recsys.ingest.layout import has_work
+from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -34,16 +36,18 @@ def bootstrap(repo_root: str) -> str:
     return ensure_raw_store(Path(repo_root))
 
 
+def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
+    config = load_params(Layout(Path(repo_root)).params).ingest
+    return dataclasses.replace(config, inbox=inbox) if inbox else config
+
+
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def ingest_inbox_task(repo_root: str, inbox: str | None) -> dict[str, Any]:
     """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
     next run, pushes first)."""
     from recsys.ingest import ingest_inbox
 
-    config = load_params(Layout(Path(repo_root)).params).ingest
-    if inbox:
-        config = dataclasses.replace(config, inbox=inbox)
-    run = ingest_inbox(Path(repo_root), config)
+    run = ingest_inbox(Path(repo_root), ingest_config(repo_root, inbox))
     return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
 
 
@@ -57,7 +61,11 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     """
     logger = get_run_logger()
     bootstrap(repo_root)
-    done = ingest_inbox_task(repo_root, inbox)
+    if has_work(ingest_paths(repo_root, ingest_config(repo_root, inbox))):
+        done = ingest_inbox_task(repo_root, inbox)
+    else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task
+        logger.info("nothing to ingest: the inbox is empty and no commit or push is unfinished")
+        done = {"summaries": [], "actions": []}
     summaries = done["summaries"]
     for action in done["actions"]:
         logger.info("%s", action)
