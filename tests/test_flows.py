@@ -70,8 +70,8 @@ def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_n
 
 def test_a_run_with_nothing_new_skips_the_ingest_task_and_loads_no_torch(pipeline_run, tmp_path):
     """The nightly run when nothing arrived, as its own process: the ingest task is skipped (an empty inbox,
-    no unfinished commit or push), all-cold warm sources and the replayed gate need neither torch nor scipy,
-    and the unchanged curves are not drawn again (matplotlib)."""
+    no unfinished commit or push), all-cold warm sources and the replayed gate need neither torch, scipy nor
+    pandas, and the unchanged curves are not drawn again (matplotlib)."""
     repo, first = pipeline_run
     champion = registry_for(repo).champion_version()
     loaded, output = run_python(f"from flows.pipeline import main; main(['--repo-root', {str(repo)!r}])", repo,
@@ -83,7 +83,7 @@ def test_a_run_with_nothing_new_skips_the_ingest_task_and_loads_no_torch(pipelin
     assert "nothing to ingest" in output and "Task run 'ingest-inbox" not in output, output[-4000:]
     assert "Task run 'warm-sources" in output and "Task run 'promote" in output, output[-4000:]
     assert not {"torch", "recsys.models", "recsys.ingest.run", "great_expectations", "matplotlib",
-                "scipy.stats"} & loaded
+                "scipy.stats", "pandas"} & loaded
 
 
 def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_harness, tmp_path):
