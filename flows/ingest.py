@@ -28,6 +28,7 @@ from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
+NOTHING_TO_INGEST = "nothing to ingest: the inbox is empty and no commit or push is unfinished"
 
 
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -39,6 +40,11 @@ def bootstrap(repo_root: str) -> str:
 def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
     config = load_params(Layout(Path(repo_root)).params).ingest
     return dataclasses.replace(config, inbox=inbox) if inbox else config
+
+
+def has_batches_or_unfinished_work(repo_root: str, inbox: str | None) -> bool:
+    """`recsys.ingest.layout.has_work` for this repository and inbox: a few stats, before any ingest code loads."""
+    return has_work(ingest_paths(repo_root, ingest_config(repo_root, inbox)))
 
 
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -61,17 +67,22 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     """
     logger = get_run_logger()
     bootstrap(repo_root)
-    if has_work(ingest_paths(repo_root, ingest_config(repo_root, inbox))):
+    if has_batches_or_unfinished_work(repo_root, inbox):
         done = ingest_inbox_task(repo_root, inbox)
     else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task
-        logger.info("nothing to ingest: the inbox is empty and no commit or push is unfinished")
+        logger.info(NOTHING_TO_INGEST)
         done = {"summaries": [], "actions": []}
-    summaries = done["summaries"]
     for action in done["actions"]:
         logger.info("%s", action)
-    for s in summaries:
+    for s in done["summaries"]:
         (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
-    publish_ingest(summaries)
+    publish_ingest(done["summaries"])
+    return summarise(done)
+
+
+def summarise(done: dict[str, Any]) -> dict[str, Any]:
+    """The ingest flow's result from the task's (or an empty) list of batch summaries and actions."""
+    summaries = done["summaries"]
     versions = [s["data_version"] for s in summaries if s.get("data_version")]
     return {
         "batches": len(summaries),

@@ -68,9 +68,9 @@ def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_n
     print(f"nothing-new pipeline run: {elapsed:.1f}s")  # the benchmark records this figure properly
 
 
-def test_a_run_with_nothing_new_skips_the_ingest_task_and_loads_no_torch(pipeline_run, tmp_path):
-    """The nightly run when nothing arrived, as its own process: the ingest task is skipped (an empty inbox,
-    no unfinished commit or push), all-cold warm sources and the replayed gate need neither torch, scipy nor
+def test_a_run_with_nothing_new_skips_ingest_and_loads_no_torch(pipeline_run, tmp_path):
+    """The nightly run when nothing arrived, as its own process: no ingest subflow runs (an empty inbox, no
+    unfinished commit or push), all-cold warm sources and the replayed gate need neither torch, scipy nor
     pandas, and the unchanged curves are not drawn again (matplotlib)."""
     repo, first = pipeline_run
     champion = registry_for(repo).champion_version()
@@ -80,7 +80,8 @@ def test_a_run_with_nothing_new_skips_the_ingest_task_and_loads_no_torch(pipelin
     assert summary["ingest"]["batches"] == 0 and summary["retrain"]["stages_run"] == []
     assert summary["retrain"]["decision"]["replayed"] is True and summary["retrain"]["decision"]["promoted"]
     assert registry_for(repo).champion_version() == champion
-    assert "nothing to ingest" in output and "Task run 'ingest-inbox" not in output, output[-4000:]
+    assert "nothing to ingest" in output and "for flow 'ingest'" not in output, output[-4000:]
+    assert "Task run 'ingest-inbox" not in output, output[-4000:]
     assert "Task run 'warm-sources" in output and "Task run 'promote" in output, output[-4000:]
     assert not {"torch", "recsys.models", "recsys.ingest.run", "great_expectations", "matplotlib",
                 "scipy.stats", "pandas"} & loaded
