@@ -160,6 +160,12 @@ class Registry(RegistryReads):
         # re-registration — every run with nothing new — leaves it unread, and reading it loads pandas.
         known = fingerprint is not None and self._has_evaluation(stored.sha256, fingerprint)
         per_user = None if known else per_user_columns(getattr(eval_result, "per_user", None))
+
+        def per_user_now() -> dict[str, Any] | None:
+            # Asked only when the evaluation is missing under the lock; a `known` one cannot be (evaluations
+            # are never deleted), so converting here is only a safety net.
+            return per_user_columns(getattr(eval_result, "per_user", None)) if known else per_user
+
         with locked_session(self.engine, self.model_name) as (session, model):
             version = session.scalars(
                 select(ModelVersion).where(
@@ -192,9 +198,7 @@ class Registry(RegistryReads):
             elif role is not None and version.role is None:
                 version.role = role
             if fingerprint is not None:
-                self._add_evaluation(session, version.id, fingerprint, metrics, "registration",
-                                     lambda: per_user_columns(getattr(eval_result, "per_user", None)) if known
-                                     else per_user)
+                self._add_evaluation(session, version.id, fingerprint, metrics, "registration", per_user_now)
             return version.version, stored
 
     def _has_evaluation(self, artifact_sha256: str, fingerprint: str) -> bool:
