@@ -4,13 +4,16 @@ Starts `prefect server start` on a free localhost port (a running server, as sch
 copy of the repository with small params, runs the pipeline once (ingest + train + promote), then times
 `python -m flows.pipeline` again with nothing new: it must retrain nothing and replay the gate decision.
 
-    python benchmarks/bench_flow.py          # writes benchmarks/results/flow.json
+    python benchmarks/bench_flow.py [--runs 3]   # writes benchmarks/results/flow.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,18 +40,28 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None
             time.sleep(1)
 
 
-def timed_pipeline(repo: Path, env: dict) -> tuple[float, dict]:
-    started = time.perf_counter()
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_pipeline(repo: Path, env: dict) -> tuple[float, float, dict]:
+    """Wall seconds and CPU seconds (the process and its children: dvc) of one `python -m flows.pipeline`.
+    The CPU figure moves less than the wall time when another job shares this machine's two cores."""
+    cpu, started = children_cpu_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=1800)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu
     if done.returncode != 0:
         raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
     summary = json.loads(done.stdout[done.stdout.index("{"): done.stdout.rindex("}") + 1])
-    return elapsed, summary
+    return elapsed, cpu, summary
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed nothing-new runs (default 3)")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         tmp = Path(tmp)
         port = free_port()
@@ -60,24 +73,34 @@ def main() -> None:
             wait_healthy(api, server)
             repo = make_repo(tmp / "repo")
             drop_batch(repo)
-            first_seconds, first = timed_pipeline(repo, env)
-            load = os.getloadavg()[0]
-            runs = [timed_pipeline(repo, env) for _ in range(3)]
+            first_seconds, _, first = timed_pipeline(repo, env)
+            loads, runs = [], []
+            for _ in range(args.runs):
+                loads.append(os.getloadavg()[0])
+                runs.append(timed_pipeline(repo, env))
         finally:
             server.terminate()
             server.wait(timeout=30)
-    for _, summary in runs:
+    for _, _, summary in runs:
         assert summary["retrain"]["stages_run"] == [], summary
         assert summary["ingest"]["batches"] == 0, summary
-    seconds = sorted(s for s, _ in runs)
+        assert summary["retrain"]["decision"]["replayed"] is True, summary
+    seconds = [s for s, _, _ in runs]
+    cpu = [c for _, c, _ in runs]
     result = {
         "what": "python -m flows.pipeline with nothing new, against a running prefect server (wall time of the "
-                "whole process: interpreter start, imports, flow run, dvc status, gate replay)",
+                "whole process: interpreter start, imports, flow run, dvc status, gate replay; CPU seconds of "
+                "the process and its children), in run order",
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                 text=True).stdout.strip(),
         "first_run_seconds_with_training": round(first_seconds, 1),
         "nothing_new_seconds": [round(s, 2) for s in seconds],
-        "nothing_new_median_seconds": round(seconds[1], 2),
+        "nothing_new_median_seconds": round(statistics.median(seconds), 2),
+        "nothing_new_cpu_seconds": [round(c, 2) for c in cpu],
+        "nothing_new_median_cpu_seconds": round(statistics.median(cpu), 2),
         "aim_seconds": 10.0,
-        "load_average_before": round(load, 2),
+        "load_average_before_each": [round(x, 2) for x in loads],
+        "first_summary_ingested": first["ingest"]["ingested"],
         "cpu_count": os.cpu_count(),
     }
     out = ROOT / "benchmarks" / "results" / "flow.json"

@@ -1,6 +1,8 @@
 """Prefect artifacts: what a person sees in the UI after a run — tables, the gate's decision, curves.
 
-Rendering only (Markdown, tables, a PNG of the validation curves); the flows decide when to publish.
+Rendering only (Markdown, tables, a PNG of the validation curves); the flows decide when to publish. A retrain
+run that changed nothing publishes only its (replayed) decision: the metrics table and the curves of the run
+that last changed them still hold, and drawing the PNG costs a second of matplotlib.
 """
 
 from __future__ import annotations
@@ -50,19 +52,23 @@ def publish_retrain(results: dict[str, dict], decision: dict | None, curves: dic
                      "test mrr": "—", "best epoch": "—", "candidate": "baseline (same test set)"})
     create_table_artifact(rows, key="model-metrics", description="Test metrics of every model vs the baseline")
     if decision:
-        verdict = "✅ promoted" if decision["promoted"] else "⛔ not promoted"
-        md = [f"# Promotion decision: {verdict}", "",
-              f"**Candidate:** `{decision['model']}` (registry version {decision['version']})", "",
-              f"**Reason:** {decision['reason']}", "",
-              "| | value |", "|---|---|",
-              f"| metric | {decision['metric']} |",
-              f"| candidate | {_fmt(decision['candidate_metric'])} |",
-              f"| baseline ({decision['baseline_kind']}) | {_fmt(decision['baseline_metric'])} |",
-              f"| delta | {_fmt(decision['delta'])} |", f"| p-value | {_fmt(decision['p_value'])} |",
-              f"| evaluation set | `{(decision['eval_fingerprint'] or '')[:16]}` |",
-              f"| replayed from an earlier run | {decision['replayed']} |"]
-        create_markdown_artifact("\n".join(md), key="promotion-decision", description="Gate decision and reason")
+        publish_decision(decision)
     create_markdown_artifact(curves_markdown(curves, ran), key="training-curves", description="Validation curves")
+
+
+def publish_decision(decision: dict) -> None:
+    verdict = "✅ promoted" if decision["promoted"] else "⛔ not promoted"
+    md = [f"# Promotion decision: {verdict}", "",
+          f"**Candidate:** `{decision['model']}` (registry version {decision['version']})", "",
+          f"**Reason:** {decision['reason']}", "",
+          "| | value |", "|---|---|",
+          f"| metric | {decision['metric']} |",
+          f"| candidate | {_fmt(decision['candidate_metric'])} |",
+          f"| baseline ({decision['baseline_kind']}) | {_fmt(decision['baseline_metric'])} |",
+          f"| delta | {_fmt(decision['delta'])} |", f"| p-value | {_fmt(decision['p_value'])} |",
+          f"| evaluation set | `{(decision['eval_fingerprint'] or '')[:16]}` |",
+          f"| replayed from an earlier run | {decision['replayed']} |"]
+    create_markdown_artifact("\n".join(md), key="promotion-decision", description="Gate decision and reason")
 
 
 def curves_markdown(curves: dict[str, list[dict]], ran: list[str]) -> str:

@@ -22,10 +22,13 @@ from prefect import flow, get_run_logger, task
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import load_params
+from recsys.config import IngestConfig, load_params
+from recsys.ingest.layout import has_work
+from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
+NOTHING_TO_INGEST = "nothing to ingest: the inbox is empty and no commit or push is unfinished"
 
 
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -34,16 +37,23 @@ def bootstrap(repo_root: str) -> str:
     return ensure_raw_store(Path(repo_root))
 
 
+def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
+    config = load_params(Layout(Path(repo_root)).params).ingest
+    return dataclasses.replace(config, inbox=inbox) if inbox else config
+
+
+def has_batches_or_unfinished_work(repo_root: str, inbox: str | None) -> bool:
+    """`recsys.ingest.layout.has_work` for this repository and inbox: a few stats, before any ingest code loads."""
+    return has_work(ingest_paths(repo_root, ingest_config(repo_root, inbox)))
+
+
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def ingest_inbox_task(repo_root: str, inbox: str | None) -> dict[str, Any]:
     """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
     next run, pushes first)."""
     from recsys.ingest import ingest_inbox
 
-    config = load_params(Layout(Path(repo_root)).params).ingest
-    if inbox:
-        config = dataclasses.replace(config, inbox=inbox)
-    run = ingest_inbox(Path(repo_root), config)
+    run = ingest_inbox(Path(repo_root), ingest_config(repo_root, inbox))
     return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
 
 
@@ -57,13 +67,22 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     """
     logger = get_run_logger()
     bootstrap(repo_root)
-    done = ingest_inbox_task(repo_root, inbox)
-    summaries = done["summaries"]
+    if has_batches_or_unfinished_work(repo_root, inbox):
+        done = ingest_inbox_task(repo_root, inbox)
+    else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task
+        logger.info(NOTHING_TO_INGEST)
+        done = {"summaries": [], "actions": []}
     for action in done["actions"]:
         logger.info("%s", action)
-    for s in summaries:
+    for s in done["summaries"]:
         (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
-    publish_ingest(summaries)
+    publish_ingest(done["summaries"])
+    return summarise(done)
+
+
+def summarise(done: dict[str, Any]) -> dict[str, Any]:
+    """The ingest flow's result from the task's (or an empty) list of batch summaries and actions."""
+    summaries = done["summaries"]
     versions = [s["data_version"] for s in summaries if s.get("data_version")]
     return {
         "batches": len(summaries),

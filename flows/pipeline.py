@@ -3,7 +3,8 @@
     python -m flows.pipeline     # the README's main job; prints the champion and a sample recommendation
 
 A run with no new data retrains nothing (DVC finds every stage up to date) and the gate replays its earlier
-decision, so the nightly schedule is cheap when nothing arrived.
+decision, so the nightly schedule is cheap when nothing arrived: with an empty inbox and no unfinished ingest
+commit or push (`recsys.ingest.layout.has_work`, a few stats) it starts no ingest subflow at all.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, run_main
-from flows.ingest import ingest
+from flows.ingest import NOTHING_TO_INGEST, has_batches_or_unfinished_work, ingest, summarise
 from flows.retrain import retrain
 from recsys.recommend import describe_champion
 
@@ -42,7 +43,11 @@ def pipeline(
         repo_root: the repository (DVC workspace); its params.yaml is the one every stage reads.
         fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
     """
-    ingested = ingest(inbox=inbox, repo_root=repo_root)
+    if has_batches_or_unfinished_work(repo_root, inbox):
+        ingested = ingest(inbox=inbox, repo_root=repo_root)
+    else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
+        get_run_logger().info(NOTHING_TO_INGEST)
+        ingested = summarise({"summaries": [], "actions": []})
     retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out)
     return {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
 

@@ -23,10 +23,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.artifacts import publish_retrain
+from flows.artifacts import publish_decision, publish_retrain
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import load_params
+from recsys.ingest.layout import needs_recovery
+from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
                                select_models, training_progress)
@@ -41,11 +43,13 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 def bootstrap(root: str) -> str:
     """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested), and an
     ingest commit a crash interrupted is completed or rolled back before `dvc repro` reads the store."""
-    from recsys.ingest import recover
-
     done = ensure_raw_store(Path(root))
-    actions = recover(Path(root), load_params(Layout(Path(root)).params).ingest)
-    return "; ".join([done, *actions])
+    config = load_params(Layout(Path(root)).params).ingest
+    if not needs_recovery(ingest_paths(root, config)):  # a few stats; `prepare` recovers again under the lock
+        return done
+    from recsys.ingest import recover  # loads pandas: only when a crash left a commit to finish
+
+    return "; ".join([done, *recover(Path(root), config)])
 
 
 @task(name="warm-sources", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -157,7 +161,6 @@ def retrain(
     else:
         ran = reproduce(str(root), targets, force, epochs, selected) if (stale or force or epochs) else []
     results = collect_results(str(root), selected)
-    curves = {m: read_curve(paths.curve(m)) for m in selected}
     candidate = choose_candidate(results)
     decision = None
     if candidate is None:
@@ -166,7 +169,10 @@ def retrain(
         fault_point("before_promote")
         decision = promote_candidate(str(root), candidate)
         logger.info("gate: %s %s — %s", candidate, decision["decision"], decision["reason"])
-    publish_retrain(results, decision, curves, ran)
+    if ran or (decision is not None and not decision["replayed"]):
+        publish_retrain(results, decision, {m: read_curve(paths.curve(m)) for m in selected}, ran)
+    elif decision is not None:  # nothing changed: the last change's table and curves still hold
+        publish_decision(decision)
     return {
         "stages_run": ran,
         "models": {m: {"test_ndcg@10": r.get("ndcg@10"), "valid_ndcg@10": (r.get("valid") or {}).get("ndcg@10")}

@@ -6,7 +6,9 @@ Layout of a checkpoint directory:
   items.json          raw item id of each model item id (index 0 = padding = null)
   users.json          raw user id of each model user id (index 0 = unknown = null)
 Writes go to a temporary sibling directory that is renamed into place, so a reader never sees half a
-checkpoint.
+checkpoint. Torch and the model classes are imported by the two functions that touch weights
+(`save_checkpoint`, `load_model`): reading metadata — the warm sources of `cold` models, the registry — never
+loads them.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from recsys.faults import fault_point
-from recsys.models import build_model, config_from_dict
-from recsys.models.base import SequentialModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from recsys.models.base import SequentialModel
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def save_checkpoint(
     user_ids: list[str],
     extra: dict[str, Any] | None = None,
 ) -> Path:
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -112,6 +115,11 @@ def read_meta(checkpoint_dir: str | Path) -> dict[str, Any]:
 
 def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu") -> tuple[SequentialModel, dict]:
     """Rebuild the model from its own JSON config and load the safetensors weights (strictly)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from recsys.models import build_model, config_from_dict
+
     path = Path(checkpoint_dir)
     meta = read_meta(path)
     try:

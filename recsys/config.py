@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from recsys.layout import PARAMS
+from recsys.model_configs import MODEL_CONFIGS  # no torch: parsing params must not load it
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARAMS = Path(PARAMS)  # relative: entry points run from the repository root, as DVC does
@@ -245,8 +246,6 @@ def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None =
 
 
 def parse_params(raw: dict[str, Any]) -> Params:
-    from recsys.models import MODEL_CONFIGS  # local import: models import nothing from here
-
     if not isinstance(raw, dict):
         raise ConfigError("params.yaml must be a mapping of sections")
     raw = dict(raw)

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-from scipy import stats  # imported up front: never inside a transaction that holds the registry lock
 
 from recsys.config import GateConfig
 
@@ -52,6 +51,13 @@ class GateDecision:
     n_users: int | None = None
 
 
+def load_statistics() -> None:
+    """Import scipy's statistics (over a second on a small CPU). The registry calls this before it takes the
+    promotion lock, never inside the transaction that holds it, and only when there is something to decide:
+    replaying a recorded decision — every run with nothing new — never needs it."""
+    import scipy.stats  # noqa: F401
+
+
 def _finite(value: float | None) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -65,6 +71,8 @@ def paired_pvalue(candidate: np.ndarray, baseline: np.ndarray) -> float:
         return 1.0
     if np.ptp(diff) <= _EPS:  # constant non-zero difference: zero variance
         return 0.0 if diff[0] > 0 else 1.0
+    from scipy import stats  # loaded already (`load_statistics`) when the registry decides
+
     return float(stats.ttest_rel(candidate, baseline, alternative="greater").pvalue)
 
 

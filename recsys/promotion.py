@@ -14,6 +14,7 @@ way whichever of them promoted it. The step:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +36,19 @@ class PromotionError(RegistryError):
 
 @dataclass(frozen=True)
 class StoredEval:
-    """An evaluation read back from the `evaluate` stage's outputs (same fields the gate uses)."""
+    """An evaluation read back from the `evaluate` stage's outputs (same fields the gate uses). The per-user
+    table is read on first use: a replayed decision (every run with nothing new) never needs it, and reading
+    it loads pandas."""
 
     metrics: dict[str, float]
-    per_user: Any
+    per_user_path: Path
     eval_fingerprint: str
+
+    @functools.cached_property
+    def per_user(self) -> Any:
+        import pandas as pd
+
+        return pd.read_parquet(self.per_user_path)
 
 
 def checkpoint_dir(repo_root: Path, model: str) -> Path:
@@ -56,8 +65,6 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
     Reusing the stage's outputs keeps the test split scored once; the fingerprint inside the metrics file
     says which evaluation set the numbers belong to.
     """
-    import pandas as pd
-
     validate_name(model, "model name")
     paths = Layout(repo_root)
     metrics_path, per_user_path = paths.metrics(model), paths.per_user(model)
@@ -71,7 +78,7 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
     if not isinstance(fingerprint, str) or not fingerprint:
         raise PromotionError(f"{metrics_path} has no eval_fingerprint; re-run the evaluate stage")
     metrics = {k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return StoredEval(metrics, pd.read_parquet(per_user_path), fingerprint)
+    return StoredEval(metrics, per_user_path, fingerprint)
 
 
 def rescore_on(params: Params, prepared: Path) -> RescoreFn:

@@ -333,7 +333,6 @@ def describe_champion(repo_root: Path, decision: dict[str, Any] | None = None, k
     recommends to one user — which loads the model, so a run that changed nothing passes `k=0`."""
     from recsys.config import load_params
     from recsys.layout import Layout
-    from recsys.prepare import load
     from recsys.registry import open_registry
 
     paths = Layout(repo_root)
@@ -344,6 +343,8 @@ def describe_champion(repo_root: Path, decision: dict[str, Any] | None = None, k
             return "no champion yet"
         info = registry.get_version(version)
         if k > 0:
+            from recsys.prepare import load  # pandas: only when there is a user to recommend to
+
             model, meta = registry.load_champion()
             user = str(load(paths.prepared).users["user_id"].iloc[0])
             recs = recommend_for_user(model, meta, registry.champion_dir(), paths.prepared, user, k, None)

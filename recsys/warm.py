@@ -22,6 +22,9 @@ rows, new ones keep their fresh (seeded) initialisation, rows of ids gone from t
 and special rows (BERT4Rec's [mask]) carry over in place. A tensor whose shape a free field changed (MOJITO's
 time encoder under another `time_dim`) stays fresh and is listed. The optimiser is built afterwards, so it
 starts fresh; early stopping runs as for a cold start. The gate does not know how a candidate started.
+
+Only the train stage's side (`start`, `transfer`) imports torch: writing and reading `source.json` is plain
+files, so resolving the sources of `cold` models (every nothing-new scheduled run) never loads it.
 """
 
 from __future__ import annotations
@@ -35,15 +38,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any, Sequence
 
 from recsys.checkpoint import CheckpointError, read_meta, replace_dir
 from recsys.config import ConfigError, TrainConfig
-from recsys.models.base import SequentialModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from recsys.models.base import SequentialModel
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +237,9 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
                 f"the catalogue grew by {new} items, {growth:.1%} of the champion {v}'s {len(known)}, more "
                 f"than train.warm_max_catalogue_growth = {cfg.warm_max_catalogue_growth:g}",
                 "raise train.warm_max_catalogue_growth")
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     try:
         state = load_file(str(checkpoint / "model.safetensors"))  # tensors only: nothing is unpickled
     except (OSError, SafetensorError) as err:
@@ -248,6 +254,8 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
     """Load `champion`'s tensors into `model` (see the module docstring). `old_ids` / `new_ids` give, per
     kind ("items", "users"), the raw id of each row ([None, id1, id2, ...]). Returns the per-kind counts of
     ids kept, new and dropped, and the names of the tensors left fresh."""
+    import torch
+
     state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     kinds = sorted(set(model.id_rows.values()))
     counts: dict[str, dict[str, int]] = {}

@@ -21,7 +21,7 @@ from typing import Sequence
 from recsys.checkpoint import CheckpointError
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
-from recsys.models import MODELS
+from recsys.model_configs import TRAINABLE
 from recsys.registry import NotFoundError, VersionInfo, open_registry
 from recsys.registry.store import MANIFEST
 from recsys.warm import SOURCE_FILE, WRITTEN_COLD, WarmSource, read_source, write_none, write_source
@@ -35,7 +35,7 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
     Returns one line per model saying what it will start from."""
     root = Path(root)
     names = [validate_name(m, "model name") for m in (models or params.models)]
-    trainable = {m: MODELS[m].trainable if m in MODELS else False for m in names}
+    trainable = {m: TRAINABLE.get(m, False) for m in names}
     wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
     lines = []
     with workspace_lock(root):

@@ -5,6 +5,7 @@ test_*_support modules."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
@@ -120,6 +121,22 @@ def sh(args: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) 
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{' '.join(args)} failed ({done.returncode}):\n{output}"
     return output
+
+
+def run_python(code: str, cwd: Path = REPO_ROOT, env: dict | None = None) -> tuple[set[str], str]:
+    """Run `code` in a fresh interpreter, asserting success: the modules it had imported by the end (what a
+    process pays for at start-up) and its combined output."""
+    probe = f"{code}\nimport json, sys\nprint('MODULES=' + json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env or subprocess_env(), capture_output=True,
+                          text=True, timeout=900, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    line = [line for line in done.stdout.splitlines() if line.startswith("MODULES=")][-1]
+    return set(json.loads(line[len("MODULES="):])), output
+
+
+def modules_loaded_by(code: str, cwd: Path = REPO_ROOT, env: dict | None = None) -> set[str]:
+    return run_python(code, cwd, env)[0]
 
 
 def running_stages(dvc_output: str) -> set[str]:

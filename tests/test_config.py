@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
+from flow_support import modules_loaded_by
 from recsys.config import (
     DEFAULT_PARAMS,
     ConfigError,
@@ -16,6 +17,13 @@ from recsys.config import (
     parse_params,
     validate_name,
 )
+
+
+def test_parsing_params_never_loads_torch(repo_root):
+    """Every flow run, command and stage parses params.yaml; one that builds no model must not pay for torch."""
+    params = str(repo_root / DEFAULT_PARAMS)
+    loaded = modules_loaded_by(f"from recsys.config import load_params; load_params({params!r})")
+    assert "recsys.config" in loaded and "torch" not in loaded and "recsys.models" not in loaded
 
 
 def test_repository_params_load(repo_root):

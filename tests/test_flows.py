@@ -5,6 +5,7 @@ Real Prefect runs (a session-scoped `prefect_test_harness`), real `dvc`, real GX
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flow_support import drop_batch, flow_env, make_repo, registry_for, run_flow_process, subprocess_env
+from flow_support import (drop_batch, flow_env, make_repo, registry_for, run_flow_process, run_python,
+                          subprocess_env)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -27,14 +29,20 @@ def prefect_harness(tmp_path_factory):
         yield
 
 
-def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_nothing(
-    prefect_harness, tmp_path
-):
+@pytest.fixture(scope="module")
+def pipeline_run(prefect_harness, tmp_path_factory):
+    """A repository after one pipeline run that ingested a batch, trained and promoted; and that run's summary."""
     from flows.pipeline import pipeline
 
-    repo = make_repo(tmp_path / "repo")
+    repo = make_repo(tmp_path_factory.mktemp("pipeline") / "repo")
     drop_batch(repo)
-    first = pipeline(repo_root=str(repo))
+    return repo, pipeline(repo_root=str(repo))
+
+
+def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_nothing(pipeline_run):
+    from flows.pipeline import pipeline
+
+    repo, first = pipeline_run
 
     assert first["ingest"]["ingested"] == 1 and first["ingest"]["rejected"] == 0
     assert first["ingest"]["rows_accepted"] > 0
@@ -58,6 +66,25 @@ def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_n
     assert second["retrain"]["decision"]["replayed"] is True
     assert registry_for(repo).champion_version() == decision["version"]
     print(f"nothing-new pipeline run: {elapsed:.1f}s")  # the benchmark records this figure properly
+
+
+def test_a_run_with_nothing_new_skips_ingest_and_loads_no_torch(pipeline_run, tmp_path):
+    """The nightly run when nothing arrived, as its own process: no ingest subflow runs (an empty inbox, no
+    unfinished commit or push), all-cold warm sources and the replayed gate need neither torch, scipy nor
+    pandas, and the unchanged curves are not drawn again (matplotlib)."""
+    repo, first = pipeline_run
+    champion = registry_for(repo).champion_version()
+    loaded, output = run_python(f"from flows.pipeline import main; main(['--repo-root', {str(repo)!r}])", repo,
+                                subprocess_env(tmp_path / "prefect-home"))
+    summary = json.loads(output[output.index("{"): output.rindex("}") + 1])
+    assert summary["ingest"]["batches"] == 0 and summary["retrain"]["stages_run"] == []
+    assert summary["retrain"]["decision"]["replayed"] is True and summary["retrain"]["decision"]["promoted"]
+    assert registry_for(repo).champion_version() == champion
+    assert "nothing to ingest" in output and "for flow 'ingest'" not in output, output[-4000:]
+    assert "Task run 'ingest-inbox" not in output, output[-4000:]
+    assert "Task run 'warm-sources" in output and "Task run 'promote" in output, output[-4000:]
+    assert not {"torch", "recsys.models", "recsys.ingest.run", "great_expectations", "matplotlib",
+                "scipy.stats", "pandas"} & loaded
 
 
 def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_harness, tmp_path):

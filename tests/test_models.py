@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from recsys.model_configs import MODEL_CONFIGS
+from recsys.model_configs import TRAINABLE as TRAINABLE_FLAGS
 from recsys.models import MODELS, build_model, config_from_dict
 from recsys.models.base import Batch
 from recsys.models.bert4rec import BERT4RecConfig, full_sequences
@@ -18,6 +20,13 @@ TRAINABLE = [n for n in ALL if MODELS[n].trainable]
 CAUSAL = [n for n in ("sasrec", "mojito") if n in MODELS]
 DAY = 86_400
 T0 = 1_000_000_000  # 2001-09-09
+
+
+def test_the_torch_free_model_table_matches_the_models():
+    """params.yaml is parsed from recsys.model_configs (no torch); it must name exactly the models there are,
+    with the same `trainable` flag each class has."""
+    assert MODEL_CONFIGS.keys() == MODELS.keys() == TRAINABLE_FLAGS.keys()
+    assert {name: cls.trainable for name, cls in MODELS.items()} == TRAINABLE_FLAGS
 
 
 def tiny_config(name: str, **overrides):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from flow_support import modules_loaded_by
 from test_registry_support import make_eval
 from typer.testing import CliRunner
 
@@ -70,6 +71,16 @@ def test_cold_models_get_a_constant_note_without_opening_the_registry(tmp_path):
     champion(root)  # a new champion changes nothing a cold stage depends on
     resolve(root)
     assert {m: (Layout(root).warm_dir(m) / SOURCE_FILE).read_bytes() for m in before} == before
+
+
+def test_resolving_cold_models_never_loads_torch(tmp_path):
+    """Every nothing-new scheduled run resolves the warm sources; when all models are cold it builds nothing."""
+    root = workspace(tmp_path / "repo", "cold")
+    loaded = modules_loaded_by("from pathlib import Path; from recsys.config import load_params; "
+                               "from recsys.warm_source import resolve_warm_sources; "
+                               "print(resolve_warm_sources(Path('.'), load_params('params.yaml')))", cwd=root)
+    assert "recsys.warm_source" in loaded and "torch" not in loaded and "recsys.models" not in loaded
+    assert source(root, "sasrec").reason == WRITTEN_COLD
 
 
 def test_the_champion_of_the_same_model_is_copied_in_and_verified(tmp_path):

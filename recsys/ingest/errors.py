@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recsys.validation import SuiteResult
+if TYPE_CHECKING:  # validation loads pandas: not for the paths and errors a nothing-new run touches
+    from recsys.validation import SuiteResult
 
 
 class IngestError(Exception):

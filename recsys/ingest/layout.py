@@ -54,6 +54,32 @@ def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None 
     )
 
 
+def inbox_files(where: Paths) -> list[Path]:
+    """The batches waiting in the inbox, sorted by name (hidden files and the filing folders are not)."""
+    if not where.inbox.is_dir():
+        return []
+    return sorted(
+        p for p in where.inbox.iterdir() if not p.name.startswith(".") and (p.is_file() or p.is_symlink())
+    )
+
+
+def needs_recovery(where: Paths) -> bool:
+    """Whether a crash left something for `recovery.recover` to finish: a commit journal, or a file in the
+    scratch folder. (A torn manifest line always has its journal beside it: the journal is removed only after
+    the line is written. `.tmp-*` parts an older version left in the store wait for the next run that ingests
+    or recovers: no reader lists them.)"""
+    journals = where.pending.glob("*.json") if where.pending.is_dir() else iter(())
+    scratch = where.scratch.iterdir() if where.scratch.is_dir() else iter(())
+    return next(journals, None) is not None or next(scratch, None) is not None
+
+
+def has_work(where: Paths) -> bool:
+    """Whether an ingest run would find anything to do: a batch in the inbox, an interrupted commit, or a push
+    not yet done. A few stats, no data read and no lock taken — a scheduled run checks this before it loads
+    the ingest code; a run that starts anyway takes the lock and checks everything again."""
+    return bool(inbox_files(where)) or needs_recovery(where) or where.push_marker.exists()
+
+
 def check_inside_inbox(path: Path, inbox: Path) -> Path:
     """Resolve symlinks and `..`; only regular files inside the inbox are accepted."""
     resolved = Path(path).resolve()

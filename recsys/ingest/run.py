@@ -15,7 +15,7 @@ from recsys.config import IngestConfig
 from recsys.ingest.commit import commit, mark_push_pending
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
-from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256
+from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256, inbox_files
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
@@ -74,7 +74,7 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         if indexed:
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
         push_error = _push(where, config, run, interrupted=True)
-        for path in _inbox_files(where) if files is None else files:
+        for path in inbox_files(where) if files is None else files:
             summary = _ingest_one(path, where, config, index)
             if move:
                 _file_away(path, summary, where)
@@ -97,14 +97,6 @@ def _push(where: Paths, config: IngestConfig, run: IngestRun, interrupted: bool 
     if pushed:
         run.actions.append(pushed)
     return None
-
-
-def _inbox_files(where: Paths) -> list[Path]:
-    if not where.inbox.is_dir():
-        return []
-    return sorted(
-        p for p in where.inbox.iterdir() if not p.name.startswith(".") and (p.is_file() or p.is_symlink())
-    )
 
 
 def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:

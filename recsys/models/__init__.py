@@ -5,23 +5,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from recsys.model_configs import MODEL_CONFIGS
 from recsys.models.base import Batch, SequentialModel
-from recsys.models.bert4rec import BERT4Rec, BERT4RecConfig
-from recsys.models.mojito import Mojito, MojitoConfig
-from recsys.models.mostpop import MostPop, MostPopConfig
-from recsys.models.sasrec import SASRec, SASRecConfig
+from recsys.models.bert4rec import BERT4Rec
+from recsys.models.mojito import Mojito
+from recsys.models.mostpop import MostPop
+from recsys.models.sasrec import SASRec
 
+# The same names as recsys.model_configs.MODEL_CONFIGS (what params.yaml may list; parsed without torch).
 MODELS: dict[str, type[SequentialModel]] = {
     "mostpop": MostPop,
     "sasrec": SASRec,
     "bert4rec": BERT4Rec,
     "mojito": Mojito,
-}
-MODEL_CONFIGS: dict[str, type] = {
-    "mostpop": MostPopConfig,
-    "sasrec": SASRecConfig,
-    "bert4rec": BERT4RecConfig,
-    "mojito": MojitoConfig,
 }
 
 

@@ -21,38 +21,16 @@ or softmax over the target and `n_negatives` shared uniform negatives (`sampled_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.model_configs import BERT4RecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
 from recsys.models.losses import linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
-
-
-@dataclass(frozen=True)
-class BERT4RecConfig:
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 2
-    dropout: float = 0.1
-    max_len: int = 200
-    ffn_dim: int = 256
-    mask_prob: float = 0.2
-    # Share of each batch's rows that get only their last item masked (the test-time task).
-    last_item_share: float = 0.1
-    loss: Literal["ce", "sampled_ce"] = "ce"
-    n_negatives: int = 256
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.mask_prob <= 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
-        if not 0.0 <= self.last_item_share <= 1.0:
-            raise ValueError(f"last_item_share must be in [0, 1], got {self.last_item_share}")
 
 
 def full_sequences(batch: Batch, max_len: int) -> torch.Tensor:

@@ -43,46 +43,17 @@ shifts all scores equally; time reaches the ranking through the input events' co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.model_configs import MojitoConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import attention_mask
 from recsys.models.losses import linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 from recsys.models.time_features import N_TIME_FEATURES, time_features
-
-
-@dataclass(frozen=True)
-class MojitoConfig:
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 2
-    dropout: float = 0.2
-    max_len: int = 200
-    # Time context: per-feature Mercer encoding width, harmonics, and log10 range of initial periods.
-    time_dim: int = 16
-    time_expand: int = 3
-    time_linspace: float = 8.0
-    base_year: int = 2000  # the year feature is year - base_year + 1
-    noise_init: float = 0.1  # initial σ of the attention-score noise
-    # Long-term attentive FISM.
-    long_weight: float = 0.1  # λ in short + λ·long; 0 disables the long-term part
-    fism_items: int = 20
-    fism_attention: float = 0.5  # β: share of the attentive vector in w = (1 - β) + β·a
-    loss: Literal["ce", "bce"] = "ce"
-    # "reference": the TF code's residuals (add the layer-normalised input); "pre_ln": x + f(LN(x)).
-    residual: Literal["pre_ln", "reference"] = "pre_ln"
-
-    def __post_init__(self) -> None:
-        if self.n_heads < 1 or (2 * self.dim) % self.n_heads:
-            raise ValueError(f"2*dim={2 * self.dim} must be divisible by n_heads={self.n_heads}")
-        if self.fism_items < 1:
-            raise ValueError(f"fism_items must be >= 1, got {self.fism_items}")
 
 
 class MercerTimeEncoding(nn.Module):

@@ -6,21 +6,15 @@ the promotion gate treat it like any other model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from recsys.model_configs import TRAINABLE, MostPopConfig
 from recsys.models.base import Batch, SequentialModel
-
-
-@dataclass(frozen=True)
-class MostPopConfig:
-    pass
 
 
 class MostPop(SequentialModel):
     name = "mostpop"
-    trainable = False
+    trainable = TRAINABLE["mostpop"]
 
     def __init__(self, config: MostPopConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)

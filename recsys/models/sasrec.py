@@ -21,44 +21,15 @@ by √d at the input; "xavier": Xavier-normal for every matrix, as RecTools) —
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.model_configs import SASRecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
 from recsys.models.losses import linear_cross_entropy
-
-
-@dataclass(frozen=True)
-class SASRecConfig:
-    dim: int = 64
-    n_layers: int = 2
-    n_heads: int = 2
-    dropout: float = 0.2
-    max_len: int = 200
-    loss: Literal["ce", "bce", "sampled_ce", "gbce"] = "ce"
-    n_negatives: int = 256
-    gbce_t: float = 0.75
-    residual: Literal["reference", "pre_ln"] = "reference"
-    weight_init: Literal["normal", "xavier"] = "normal"
-    emb_scale: bool = True  # item embeddings × √dim at the input
-    # Dropout on the item embedding table itself while training: one dropped table per step serves both the
-    # input lookup and the output softmax (RecTools' item net), a regulariser of the output layer too.
-    item_dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if self.residual not in ("reference", "pre_ln"):
-            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
-        if not 0.0 <= self.item_dropout < 1.0:
-            raise ValueError(f"item_dropout must be in [0, 1), got {self.item_dropout}")
-        if self.weight_init not in ("normal", "xavier"):
-            raise ValueError(f"weight_init must be 'normal' or 'xavier', got {self.weight_init!r}")
 
 
 def positions_from_end(items: torch.Tensor) -> torch.Tensor:

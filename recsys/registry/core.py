@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recsys.config import ConfigError, GateConfig, RegistryConfig, validate_name
-from recsys.gate import GateDecision, Scores, decide
+from recsys.gate import GateDecision, Scores, decide, load_statistics
 from recsys.registry.migrate import upgrade as upgrade_schema
 from recsys.registry.db import (
     CHAMPION,
@@ -152,11 +152,20 @@ class Registry(RegistryReads):
         architecture, version_params, meta = checked["architecture"], checked["params"], checked["meta"]
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         metrics = clean_metrics(getattr(eval_result, "metrics", None))
-        per_user = per_user_columns(getattr(eval_result, "per_user", None))
         dataset_fp = meta.get("dataset_fingerprint")
         self._ensure_model()
 
         stored = self.store.put(Path(candidate_dir))
+        # The per-user table is converted (before the lock) only for an evaluation the registry lacks: a
+        # re-registration — every run with nothing new — leaves it unread, and reading it loads pandas.
+        known = fingerprint is not None and self._has_evaluation(stored.sha256, fingerprint)
+        per_user = None if known else per_user_columns(getattr(eval_result, "per_user", None))
+
+        def per_user_now() -> dict[str, Any] | None:
+            # Asked only when the evaluation is missing under the lock; a `known` one cannot be (evaluations
+            # are never deleted), so converting here is only a safety net.
+            return per_user_columns(getattr(eval_result, "per_user", None)) if known else per_user
+
         with locked_session(self.engine, self.model_name) as (session, model):
             version = session.scalars(
                 select(ModelVersion).where(
@@ -189,8 +198,18 @@ class Registry(RegistryReads):
             elif role is not None and version.role is None:
                 version.role = role
             if fingerprint is not None:
-                self._add_evaluation(session, version.id, fingerprint, metrics, per_user, "registration")
+                self._add_evaluation(session, version.id, fingerprint, metrics, "registration", per_user_now)
             return version.version, stored
+
+    def _has_evaluation(self, artifact_sha256: str, fingerprint: str) -> bool:
+        with read_session(self.engine) as session:
+            found = session.scalar(
+                select(Evaluation.id).join(ModelVersion, Evaluation.version_id == ModelVersion.id).where(
+                    ModelVersion.model_id == self._model_id(session),
+                    ModelVersion.artifact_sha256 == artifact_sha256, Evaluation.eval_fingerprint == fingerprint,
+                ).limit(1)
+            )
+        return found is not None
 
     @staticmethod
     def _add_evaluation(
@@ -198,9 +217,10 @@ class Registry(RegistryReads):
         version_id: int,
         fingerprint: str,
         metrics: dict[str, Any],
-        per_user: dict[str, Any] | None,
         source: str,
+        per_user: Callable[[], dict[str, Any] | None],
     ) -> None:
+        """Record the evaluation unless it is there; `per_user()` gives its column lists, asked only then."""
         exists = session.scalar(
             select(Evaluation.id).where(
                 Evaluation.version_id == version_id, Evaluation.eval_fingerprint == fingerprint
@@ -212,7 +232,7 @@ class Registry(RegistryReads):
                     version_id=version_id,
                     eval_fingerprint=fingerprint,
                     metrics=metrics,
-                    per_user=per_user,
+                    per_user=per_user(),
                     source=source,
                 )
             )
@@ -286,10 +306,11 @@ class Registry(RegistryReads):
         )
         metric = self.gate.metric
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
-        candidate = _scores(eval_result, metric)
         replay = self._recorded_decision(stored.sha256, fingerprint)
         if replay is not None:
             return replay
+        candidate = _scores(eval_result, metric)
+        load_statistics()  # before the locked section below, not inside it
         reference = _scores(baseline_result, metric) if baseline_result is not None else None
 
         for _attempt in range(_MAX_ATTEMPTS):
@@ -339,7 +360,8 @@ class Registry(RegistryReads):
         per_user = per_user_columns(getattr(result, "per_user", None))
         try:
             with session_scope(self.engine) as session:
-                self._add_evaluation(session, champion.version_id, fingerprint, metrics, per_user, "rescore")
+                self._add_evaluation(session, champion.version_id, fingerprint, metrics, "rescore",
+                                     lambda: per_user)
         except IntegrityError:
             pass  # a concurrent promoter stored the same re-score
         return Scores(metric_value(getattr(result, "metrics", None), metric), fingerprint,

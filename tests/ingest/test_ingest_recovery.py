@@ -13,6 +13,8 @@ import pytest
 
 from recsys import ingest, prepare
 from recsys.config import PROJECT_ROOT
+from recsys.ingest.layout import has_work, needs_recovery
+from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.store import list_parts, read_store
 from test_ingest_support import config, events, make_repo, write_frame
@@ -63,6 +65,40 @@ def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path):
     assert [r["source"] for r in records] == ["h.csv", "b.csv"]
     assert list((repo / ".ingest" / "pending").iterdir()) == []
     assert prepare.load(tmp_path / "prepared").fingerprint["n_events"] == 60
+
+
+def test_has_work_sees_a_batch_a_push_or_a_crash_left_behind(tmp_path):
+    """The stat-only check before a scheduled run loads the ingest code: anything a run would act on counts."""
+    repo = make_repo(tmp_path / "repo")
+    where = ingest_paths(repo, CFG)
+    assert not has_work(where)  # an empty inbox in a repository nothing was ever ingested into
+    (repo / "inbox" / ".DS_Store").write_text("")
+    (repo / "inbox" / "processed").mkdir()
+    assert not has_work(where)  # hidden files and the filing folders are not batches
+    for leftover in (repo / "inbox" / "b.csv", where.push_marker, where.pending / "abc.json",
+                     where.scratch / ".tmp-part.parquet"):
+        leftover.parent.mkdir(parents=True, exist_ok=True)
+        leftover.write_text("{}")
+        assert has_work(where), leftover
+        leftover.unlink()
+    where.scratch.mkdir(parents=True, exist_ok=True)  # empty, as every finished run leaves it
+    assert not has_work(where) and not needs_recovery(where)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["after_journal", "part_temp_written", "after_part_write", "after_manifest"])
+def test_a_crash_at_any_commit_step_leaves_work_that_recovery_clears(tmp_path, fault):
+    repo = make_repo(tmp_path / "repo")
+    where = ingest_paths(repo, CFG)
+    ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
+    (repo / "inbox" / "h.csv").unlink()
+    assert not has_work(where)  # what a nothing-new scheduled run finds: it skips the ingest task
+    path = write_frame(repo / "inbox" / "b.csv", events(20, start=100))
+    crash(repo, path, fault)
+    path.unlink()  # even with the batch gone from the inbox, the crash's traces are work
+    assert needs_recovery(where) and has_work(where)
+    ingest.recover(repo, CFG)
+    assert not needs_recovery(where) and not has_work(where)
 
 
 @pytest.mark.slow

@@ -1,0 +1,105 @@
+"""Each model's hyperparameters — its section of params.yaml — and whether it learns from weights.
+
+Importable without PyTorch, on purpose: every flow run, `recsys` command and stage parses params.yaml, and a
+run that builds no model (a scheduled run when nothing new arrived) must not pay seconds to load torch for
+it. The networks stay one file per model in `recsys/models/` and take their config from here;
+`recsys.models.MODELS` lists exactly these names (tests/test_models.py checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class MostPopConfig:
+    pass
+
+
+@dataclass(frozen=True)
+class SASRecConfig:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    dropout: float = 0.2
+    max_len: int = 200
+    loss: Literal["ce", "bce", "sampled_ce", "gbce"] = "ce"
+    n_negatives: int = 256
+    gbce_t: float = 0.75
+    residual: Literal["reference", "pre_ln"] = "reference"
+    weight_init: Literal["normal", "xavier"] = "normal"
+    emb_scale: bool = True  # item embeddings × √dim at the input
+    # Dropout on the item embedding table itself while training: one dropped table per step serves both the
+    # input lookup and the output softmax (RecTools' item net), a regulariser of the output layer too.
+    item_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        if self.residual not in ("reference", "pre_ln"):
+            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
+        if not 0.0 <= self.item_dropout < 1.0:
+            raise ValueError(f"item_dropout must be in [0, 1), got {self.item_dropout}")
+        if self.weight_init not in ("normal", "xavier"):
+            raise ValueError(f"weight_init must be 'normal' or 'xavier', got {self.weight_init!r}")
+
+
+@dataclass(frozen=True)
+class BERT4RecConfig:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    dropout: float = 0.1
+    max_len: int = 200
+    ffn_dim: int = 256
+    mask_prob: float = 0.2
+    # Share of each batch's rows that get only their last item masked (the test-time task).
+    last_item_share: float = 0.1
+    loss: Literal["ce", "sampled_ce"] = "ce"
+    n_negatives: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mask_prob <= 1.0:
+            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
+        if not 0.0 <= self.last_item_share <= 1.0:
+            raise ValueError(f"last_item_share must be in [0, 1], got {self.last_item_share}")
+
+
+@dataclass(frozen=True)
+class MojitoConfig:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    dropout: float = 0.2
+    max_len: int = 200
+    # Time context: per-feature Mercer encoding width, harmonics, and log10 range of initial periods.
+    time_dim: int = 16
+    time_expand: int = 3
+    time_linspace: float = 8.0
+    base_year: int = 2000  # the year feature is year - base_year + 1
+    noise_init: float = 0.1  # initial σ of the attention-score noise
+    # Long-term attentive FISM.
+    long_weight: float = 0.1  # λ in short + λ·long; 0 disables the long-term part
+    fism_items: int = 20
+    fism_attention: float = 0.5  # β: share of the attentive vector in w = (1 - β) + β·a
+    loss: Literal["ce", "bce"] = "ce"
+    # "reference": the TF code's residuals (add the layer-normalised input); "pre_ln": x + f(LN(x)).
+    residual: Literal["pre_ln", "reference"] = "pre_ln"
+
+    def __post_init__(self) -> None:
+        if self.n_heads < 1 or (2 * self.dim) % self.n_heads:
+            raise ValueError(f"2*dim={2 * self.dim} must be divisible by n_heads={self.n_heads}")
+        if self.fism_items < 1:
+            raise ValueError(f"fism_items must be >= 1, got {self.fism_items}")
+
+
+MODEL_CONFIGS: dict[str, type] = {
+    "mostpop": MostPopConfig,
+    "sasrec": SASRecConfig,
+    "bert4rec": BERT4RecConfig,
+    "mojito": MojitoConfig,
+}
+# False for a model that learns only by counting (MostPop): the trainer takes no gradient step and there are
+# no weights to warm-start from. The model classes read their `trainable` flag from here.
+TRAINABLE: dict[str, bool] = {"mostpop": False, "sasrec": True, "bert4rec": True, "mojito": True}
