@@ -13,14 +13,34 @@ then hands that model to another worker.
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import timedelta
+
+from flows.errors import add_verbose_flag, run_main
+from recsys.config import ConfigError
 
 NAME = "recsys: crash fan-out runs whose heartbeats stopped"
 TAG = "fan-out"  # flows/fanout.py tags every run it hands out
+HEARTBEAT_SECONDS = 30  # prefect-fanout.yaml: PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the workers' runs
+
+
+def check_within(within_seconds: int, api_url: str | None) -> None:
+    """Refuse a window a live run could fall silent in, and a server that dies with this process."""
+    if within_seconds <= HEARTBEAT_SECONDS:
+        raise ConfigError(f"--within {within_seconds}: must exceed the workers' heartbeat interval "
+                          f"({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or live runs are marked Crashed; "
+                          "use 60 or more")
+    if not api_url:
+        raise ConfigError("PREFECT_API_URL is not set: the automation would go to a temporary server that stops "
+                          "with this command; set PREFECT_API_URL=http://HOST:4200/api (the server your workers "
+                          "use)")
 
 
 def crash_silent_runs(within_seconds: int = 90) -> str:
     """Create the automation (replacing one of the same name); returns its id."""
+    from prefect.settings import PREFECT_API_URL
+
+    check_within(within_seconds, PREFECT_API_URL.value() or os.environ.get("PREFECT_API_URL"))
     from prefect.automations import Automation
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
@@ -54,11 +74,13 @@ def crash_silent_runs(within_seconds: int = 90) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__,
+                                                      formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--within", type=int, default=90,
-                        help="seconds without a heartbeat before a run is marked Crashed (> the heartbeat frequency)")
+                        help=f"seconds without a heartbeat before a run is marked Crashed (> {HEARTBEAT_SECONDS})")
     args = parser.parse_args(argv)
-    print(f"automation {crash_silent_runs(args.within)}: {NAME} (within {args.within} s)")
+    automation = run_main(lambda: crash_silent_runs(args.within), args.verbose)
+    print(f"automation {automation}: {NAME} (within {args.within} s)")
 
 
 if __name__ == "__main__":

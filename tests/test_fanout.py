@@ -160,3 +160,25 @@ def test_a_model_whose_runs_keep_crashing_stops_the_fan_out(fake_runs):
     with pytest.raises(fanout.WorkerLostError, match="crashed 3 times"):
         wait_for(orders("sasrec"), "train-model/worker", resubmits=2, poll=0)
     assert fake.submitted == [("sasrec", 1), ("sasrec", 2), ("sasrec", 3)]
+
+
+def test_the_zombie_automation_refuses_a_window_live_runs_fall_into_and_a_temporary_server():
+    from flows import zombies
+
+    zombies.check_within(60, "http://127.0.0.1:4200/api")  # what the README and the e2e test use
+    with pytest.raises(ConfigError, match="must exceed the workers' heartbeat interval"):
+        zombies.check_within(zombies.HEARTBEAT_SECONDS, "http://127.0.0.1:4200/api")
+    with pytest.raises(ConfigError, match="PREFECT_API_URL is not set"):
+        zombies.check_within(90, None)
+
+
+def test_the_zombie_command_says_one_line_and_exits_nonzero(tmp_path):
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path), DO_NOT_TRACK="1", PYTHONPATH=str(REPO_ROOT))
+    done = subprocess.run([sys.executable, "-m", "flows.zombies", "--within", "20"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --within 20: must exceed")
