@@ -15,6 +15,7 @@ process against a running `prefect server`:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -99,6 +100,7 @@ def variant(result: dict, repo: Path, models: list[str]) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         tmp = Path(tmp)
         port = free_port()

@@ -7,11 +7,13 @@ sides (pre-LN blocks, 1 head, the newest window per user).
     python benchmarks/cpu_cost.py                                   # this checkout
     git worktree add /tmp/old COMMIT && (cd /tmp/old && PYTHONPATH=/tmp/old python $PWD/benchmarks/cpu_cost.py)
 """
+import argparse
 import dataclasses
 import time
 
 import torch
 
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 torch.set_num_threads(1)
 from pathlib import Path
 from recsys.config import load_params

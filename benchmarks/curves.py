@@ -15,6 +15,7 @@ marked "not converged": a lower bound, not a verdict.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -188,6 +189,7 @@ def ablation_table(all_rows: list[dict]) -> str:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     if not RESULTS.is_file():
         print(f"no results at {RESULTS}; run benchmarks/bench_models.py first", file=sys.stderr)
         return 1
