@@ -16,7 +16,7 @@ and its locking rule in one place, so a reviewer sees all compare-and-swap paths
 The registry knows rows, aliases, the audit trail and artifacts — not pipeline paths, git, or which model
 is the baseline: the caller says how to re-score a champion (`rescore`) and which version is a baseline
 (`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. The module stays
-one file (~460 lines; rollback is in rollback.py, reads in reads.py) because registration, the baseline
+one file (~480 lines; rollback is in rollback.py, reads in reads.py, the alias move in db.py) because registration, the baseline
 champion and compare-and-promote share one locking discipline that is easiest to check side by side.
 """
 
