@@ -18,26 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from flow_support import drop_batch, make_repo, subprocess_env  # noqa: E402
-from test_ui import free_port  # noqa: E402
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=5).read()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("prefect server did not start")
-            time.sleep(1)
+from flow_support import drop_batch, make_repo  # noqa: E402
+from server_support import prefect_server  # noqa: E402
 
 
 def children_cpu_seconds() -> float:
@@ -45,17 +32,21 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed_pipeline(repo: Path, env: dict) -> tuple[float, float, dict]:
-    """Wall seconds and CPU seconds (the process and its children: dvc) of one `python -m flows.pipeline`.
+def timed_pipeline(repo: Path, env: dict, timeout: int = 1800,
+                   log: Path | None = None) -> tuple[float, float, dict, str]:
+    """Wall seconds and CPU seconds (the process and its children: dvc) of one `python -m flows.pipeline`, its
+    JSON summary and its output (stderr, then stdout; also written to `log` when given, failed or not).
     The CPU figure moves less than the wall time when another job shares this machine's two cores."""
     cpu, started = children_cpu_seconds(), time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=timeout)
     elapsed, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu
+    if log is not None:
+        log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
     summary = json.loads(done.stdout[done.stdout.index("{"): done.stdout.rindex("}") + 1])
-    return elapsed, cpu, summary
+    return elapsed, cpu, summary, done.stderr + done.stdout
 
 
 def main() -> None:
@@ -64,29 +55,20 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         tmp = Path(tmp)
-        port = free_port()
-        api = f"http://127.0.0.1:{port}/api"
-        env = {**subprocess_env(tmp / "prefect-home"), "PREFECT_API_URL": api}
-        server = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_healthy(api, server)
+        with prefect_server(tmp / "server") as (_, env):
             repo = make_repo(tmp / "repo")
             drop_batch(repo)
-            first_seconds, _, first = timed_pipeline(repo, env)
+            first_seconds, _, first, _ = timed_pipeline(repo, env)
             loads, runs = [], []
             for _ in range(args.runs):
                 loads.append(os.getloadavg()[0])
                 runs.append(timed_pipeline(repo, env))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    for _, _, summary in runs:
+    for _, _, summary, _ in runs:
         assert summary["retrain"]["stages_run"] == [], summary
         assert summary["ingest"]["batches"] == 0, summary
         assert summary["retrain"]["decision"]["replayed"] is True, summary
-    seconds = [s for s, _, _ in runs]
-    cpu = [c for _, c, _ in runs]
+    seconds = [run[0] for run in runs]
+    cpu = [run[1] for run in runs]
     result = {
         "what": "python -m flows.pipeline with nothing new, against a running prefect server (wall time of the "
                 "whole process: interpreter start, imports, flow run, dvc status, gate replay; CPU seconds of "

@@ -33,23 +33,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_flow import children_cpu_seconds, wait_healthy  # noqa: E402
-from flow_support import clone_repo, drop_batch, registry_for, remote_of, sh, subprocess_env  # noqa: E402
-from test_ui import free_port  # noqa: E402
+from bench_flow import timed_pipeline  # noqa: E402
+from flow_support import clone_repo, drop_batch, registry_for, remote_of, sh  # noqa: E402
+from server_support import prefect_server  # noqa: E402
 
 GATE_LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| INFO .* - gate: ", re.MULTILINE)
 
 
 def run_pipeline(repo: Path, env: dict) -> dict:
-    started_wall, cpu, started = time.time(), children_cpu_seconds(), time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=3600)
-    elapsed, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu
-    (repo.parent / f"{repo.name}-pipeline.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(done.stdout[-3000:] + done.stderr[-3000:])
-    summary = json.loads(done.stdout[done.stdout.index("{"): done.stdout.rindex("}") + 1])
-    gate = GATE_LINE.search(done.stderr + done.stdout)
+    started_wall = time.time()
+    elapsed, cpu, summary, output = timed_pipeline(repo, env, timeout=3600,
+                                                   log=repo.parent / f"{repo.name}-pipeline.log")
+    gate = GATE_LINE.search(output)
     gate_seconds = None
     if gate:  # the log's clock is local time of day; the run starts and ends on the same day here
         day = datetime.fromtimestamp(started_wall)
@@ -103,13 +98,7 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         tmp = Path(tmp)
-        port = free_port()
-        api = f"http://127.0.0.1:{port}/api"
-        env = {**subprocess_env(tmp / "prefect-home"), "PREFECT_API_URL": api}
-        server = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_healthy(api, server)
+        with prefect_server(tmp / "server") as (_, env):
             base = clone_repo(tmp / "base")  # the demo params, as committed
             sh(["recsys", "bootstrap", "--root", str(base)], base)
             models = yaml.safe_load((base / "params.yaml").read_text())["models"]
@@ -127,9 +116,6 @@ def main() -> None:
                 load = os.getloadavg()[0]
                 timed = run_pipeline(repo, env)
                 results[init] = {**variant(timed, repo, models), "load_average_before": round(load, 2)}
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     result = {
         "what": "batch-to-champion latency: a new batch in inbox/ → python -m flows.pipeline (ingest + validate, "
                 "dvc repro, gate) against a running prefect server, demo params; gate_seconds = process start "

@@ -8,86 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import yaml
 
-from flow_support import REPO_ROOT, make_repo, sh, subprocess_env
+from flow_support import make_repo, sh
+from server_support import get_json, prefect_server, stop_tree
 from s3 import S3Server, isolated_aws_env
 
 GIT = ["git", "-c", "user.name=recsys-tests", "-c", "user.email=tests@example.invalid", "-c", "commit.gpgsign=false"]
 POOL = "recsys-gpu"
 WORKER_DEPLOYMENT = "train-model/worker"
 SILENT_SECONDS = 60  # no heartbeat for this long (prefect-fanout.yaml: one every 30 s): marked Crashed
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str, body: dict | None = None) -> dict | list:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def stop_tree(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-    """End `proc` and everything it started (its process group and any descendant that left it)."""
-    import psutil
-
-    try:
-        family = [proc.pid, *(child.pid for child in psutil.Process(proc.pid).children(recursive=True))]
-    except psutil.NoSuchProcess:
-        family = [proc.pid]
-    for pid in family:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc, signal.SIGKILL, timeout)
-    for pid in family[1:]:  # SIGTERM'd children that outlived their parent
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def prefect_server(home: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """(API URL, env pointing at it)."""
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**subprocess_env(home / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1"}
-    env.pop("PYTHONPATH", None)
-    with (home / "server.log").open("w") as log:
-        proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                get_json(f"{api}/health")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
-                time.sleep(1)
-        yield api, {**env, "PREFECT_API_URL": api}
-    finally:
-        stop_tree(proc)
 
 
 @dataclass
@@ -182,7 +118,7 @@ def seed_repository(base: Path, params: dict, s3: S3Server, env: dict[str, str])
 @contextlib.contextmanager
 def cluster(base: Path, params: dict, s3: S3Server) -> Iterator[Cluster]:
     """Server, bare repo, pool, worker deployment and the zombie automation; workers are started by the caller."""
-    with prefect_server(base / "server") as (api, env):
+    with prefect_server(base / "server", keep_pythonpath=False) as (api, env):
         env = isolated_aws_env(env)
         bare, bucket = seed_repository(base, params, s3, env)
         the = Cluster(base, api, env, s3, bucket, bare)
@@ -208,4 +144,4 @@ def run_retrain(repo: Path, env: dict[str, str], *args: str, timeout: int = 1200
     return elapsed, json.loads(done.stdout[done.stdout.index("{"): done.stdout.rindex("}") + 1]), output
 
 
-__all__ = ["REPO_ROOT", "Cluster", "cluster", "run_retrain", "stop_tree", "get_json"]
+__all__ = ["Cluster", "cluster", "run_retrain"]

@@ -11,7 +11,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,15 +24,11 @@ from typing import Iterator
 
 import pytest
 
+from server_support import free_port
+
 ACCESS_KEY_ID = "testing"  # moto accepts any credentials; S3 clients still need some to sign requests
 SECRET_ACCESS_KEY = "testing"
 STARTUP_TIMEOUT_S = 90  # a loaded 2-core box takes seconds just to import moto and flask
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def isolated_aws_env(env: dict[str, str]) -> dict[str, str]:
@@ -103,7 +98,7 @@ def _start(log_path: Path) -> tuple[subprocess.Popen, str]:
     choosing and binding it: then the server exits at once and we try another port."""
     env = isolated_aws_env(dict(os.environ))
     for _ in range(3):
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         with log_path.open("w") as log:
             proc = subprocess.Popen(_server_command(port), stdout=log, stderr=subprocess.STDOUT, env=env,

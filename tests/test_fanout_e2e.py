@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from fanout_support import WORKER_DEPLOYMENT, cluster, run_retrain, stop_tree
+from fanout_support import WORKER_DEPLOYMENT, cluster, run_retrain
+from server_support import stop_tree
 from pg import pg_server  # noqa: F401  (fixture)
 from s3 import S3Server, s3_server  # noqa: F401  (fixture)
 

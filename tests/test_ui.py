@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from flow_support import REPO_ROOT, make_repo, registry_for, subprocess_env
+from flow_support import REPO_ROOT, make_repo, registry_for
+from server_support import get_json, prefect_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -22,44 +20,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SCREENSHOT_DIR = REPO_ROOT / "test-output"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`prefect server start` on a free localhost port with its own PREFECT_HOME; stopped afterwards."""
-    home = tmp_path_factory.mktemp("prefect-server-home")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**subprocess_env(home), "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_SERVER_API_HOST": "127.0.0.1"}
-    log = (home / "server.log").open("w")
-    proc = subprocess.Popen(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            get_json(f"{base}/api/health")
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
-    yield base, {**env, "PREFECT_API_URL": f"{base}/api"}
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as (api, env):
+        yield api.removesuffix("/api"), env
 
 
 def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
