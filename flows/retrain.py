@@ -144,11 +144,12 @@ def retrain(
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
-    selected = select_models(load_params(paths.params), models)
+    params = load_params(paths.params)
+    selected = select_models(params, models)
     if fan_out:  # refuse what fan-out cannot do before anything runs
         from flows.fanout import check_deployment
 
-        check_fan_out(load_params(paths.params), selected, force)
+        check_fan_out(params, selected, force)
         check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):
@@ -156,10 +157,10 @@ def retrain(
     targets = [f"evaluate@{m}" for m in selected]
     stale = stale_stages(str(root), targets)
     logger.info("stale stages: %s", ", ".join(stale) or "none")
-    if fan_out:
-        ran = fan_out_stages(str(root), selected, fan_out, epochs, force) if (stale or force or epochs) else []
-    else:
-        ran = reproduce(str(root), targets, force, epochs, selected) if (stale or force or epochs) else []
+    ran = []
+    if stale or force or epochs:
+        ran = (fan_out_stages(str(root), selected, fan_out, epochs, force) if fan_out
+               else reproduce(str(root), targets, force, epochs, selected))
     results = collect_results(str(root), selected)
     candidate = choose_candidate(results)
     decision = None
