@@ -25,6 +25,8 @@ from recsys.workspace import run_dvc, workspace_lock
 
 POLL_SECONDS = 5.0
 RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when its workers keep crashing
+IDLE_MINUTES = 30.0  # default `fan_out_idle_minutes`: give up when no worker has started any of our runs this long
+STARTED = {"PENDING", "RUNNING", "CANCELLING"}  # state types of a run some worker has taken
 
 
 def check_deployment(deployment: str) -> None:
@@ -65,8 +67,12 @@ def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
 
 
 def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = RESUBMITS,
-             poll: float = POLL_SECONDS) -> list[str]:
-    """Hand out every order and wait until each has completed once; returns the models' final run ids."""
+             poll: float = POLL_SECONDS, idle_minutes: float = IDLE_MINUTES) -> list[str]:
+    """Hand out every order and wait until each has completed once; returns the models' final run ids.
+
+    Training may take hours, so only idleness is bounded: when for `idle_minutes` no run still out has
+    been taken by a worker and none has ended (all Scheduled or Late: no worker online, or the pool busy
+    with other work), the runs still Scheduled are cancelled and the fan-out stops with one line."""
     from prefect.client.orchestration import get_client
 
     logger = get_run_logger()
@@ -74,11 +80,20 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
     running = {o.model: submit(deployment, o, 1).id for o in orders}
     by_model = {o.model: o for o in orders}
     done: list[str] = []
+    idle_since = time.monotonic()
     logger.info("fan-out: %d run(s) of %s scheduled: %s", len(orders), deployment, ", ".join(running))
     while running:
         time.sleep(poll)
         with get_client(sync_client=True) as client:
             states = {m: client.read_flow_run(run_id).state for m, run_id in running.items()}
+        if any(s is not None and (s.type.name in STARTED or s.is_final()) for s in states.values()):
+            idle_since = time.monotonic()  # a worker is on it, or something just ended: progress
+        elif time.monotonic() - idle_since > idle_minutes * 60:
+            pool = cancel_waiting(running, deployment)
+            raise fanout.FanOutError(
+                f"fan-out: no worker of pool {pool} took any of {deployment}'s runs for {idle_minutes:g} min "
+                f"({', '.join(running)} waiting; cancelled): start one (`prefect worker start --pool {pool} "
+                "--limit 1`) or raise fan_out_idle_minutes (--fan-out-idle-minutes)")
         for model, state in states.items():
             if state is None or not state.is_final():
                 continue
@@ -99,8 +114,22 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
     return done
 
 
+def cancel_waiting(running: dict[str, Any], deployment: str) -> str:
+    """Cancel the runs still Scheduled (a worker starting later must not train them for nobody); returns
+    the deployment's pool, for the message."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        for run_id in running.values():
+            state = client.read_flow_run(run_id).state
+            if state is None or state.type.name == "SCHEDULED":
+                client.set_flow_run_state(run_id, Cancelled(message="fan-out gave up: no worker took it"))
+        return client.read_deployment_by_name(deployment).work_pool_name or "?"
+
+
 def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs: int | None,
-                         force: bool = False) -> list[str]:
+                         force: bool = False, idle_minutes: float = IDLE_MINUTES) -> list[str]:
     """Prepare here, train + evaluate each stale model on a worker, restore everything here from the
     run-cache. Returns the stages that ran (here or on a worker), like the serial `dvc repro`."""
     logger = get_run_logger()
@@ -118,7 +147,7 @@ def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs:
         stale = fanout.stale_models(root, models)
         orders = [fanout.work_order(root, m, commit) for m in stale]
         if orders:
-            wait_for(orders, deployment)
+            wait_for(orders, deployment, idle_minutes=idle_minutes)
         ran += [stage for m in stale for stage in fanout.model_stages(m)]
         restored = run_dvc(root, "repro", "--pull", *targets).stdout
         here = [s for s in fanout.running_stages(restored) if s != "prepare"]

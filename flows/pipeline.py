@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.errors import add_verbose_flag, run_main
+from flows.errors import add_verbose_flag, positive_float, run_main
 from flows.ingest import NOTHING_TO_INGEST, has_batches_or_unfinished_work, ingest, summarise
 from flows.retrain import retrain
 from recsys.recommend import describe_champion
@@ -32,6 +32,7 @@ def pipeline(
     inbox: str | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
+    fan_out_idle_minutes: float = 30.0,
 ) -> dict[str, Any]:
     """Ingest new batches, then retrain what changed and gate the best candidate.
 
@@ -42,13 +43,15 @@ def pipeline(
         inbox: inbox folder (default: params.yaml `ingest.inbox`).
         repo_root: the repository (DVC workspace); its params.yaml is the one every stage reads.
         fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
+        fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
     if has_batches_or_unfinished_work(repo_root, inbox):
         ingested = ingest(inbox=inbox, repo_root=repo_root)
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
         get_run_logger().info(NOTHING_TO_INGEST)
         ingested = summarise({"summaries": [], "actions": []})
-    retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out)
+    retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out,
+                        fan_out_idle_minutes=fan_out_idle_minutes)
     return {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
 
 
@@ -61,11 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo-root", default=str(ROOT))
     parser.add_argument("--fan-out", metavar="DEPLOYMENT",
                         help="train each model as a run of this train-model deployment on a worker pool")
+    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=30.0, metavar="MINUTES",
+                        help="with --fan-out: give up when no worker has taken any run for this long (default 30)")
     args = parser.parse_args(argv)
 
     def run() -> dict[str, Any]:
         summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, inbox=args.inbox,
-                           repo_root=args.repo_root, fan_out=args.fan_out)
+                           repo_root=args.repo_root, fan_out=args.fan_out,
+                           fan_out_idle_minutes=args.fan_out_idle_minutes)
         print(json.dumps(summary, indent=2, default=str))
         changed = bool(summary["ingest"].get("batches") or summary["retrain"].get("stages_run"))
         # A sample of what the champion recommends when something changed (scoring loads torch and the model).

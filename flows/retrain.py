@@ -24,9 +24,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.artifacts import publish_decision, publish_retrain
-from flows.errors import add_verbose_flag, retry_if_transient, run_main
+from flows.errors import add_verbose_flag, positive_float, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import load_params
+from recsys.config import ConfigError, load_params
 from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
@@ -111,11 +111,12 @@ def promote_candidate(root: str, candidate: str, params_path: str | None = None)
 
 
 @task(name="fan-out")
-def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | None, force: bool) -> list[str]:
+def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | None, force: bool,
+                   idle_minutes: float) -> list[str]:
     """Train + evaluate each stale model on a worker of `deployment`'s pool; restore them here (flows.fanout)."""
     from flows.fanout import reproduce_on_workers
 
-    ran = reproduce_on_workers(Path(root), models, deployment, epochs, force)
+    ran = reproduce_on_workers(Path(root), models, deployment, epochs, force, idle_minutes)
     prune_resume_state(Layout(Path(root)).resume, models)
     return ran
 
@@ -127,6 +128,7 @@ def retrain(
     epochs: int | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
+    fan_out_idle_minutes: float = 30.0,
 ) -> dict[str, Any]:
     """Rebuild the prepared dataset, train + evaluate `models` (default: all in params.yaml) through DVC,
     then gate the best candidate (by validation NDCG@10) against the champion.
@@ -140,7 +142,11 @@ def retrain(
         fan_out: a deployment of the `train-model` flow (e.g. `train-model/worker`): train + evaluate each
             model as a run of it on a worker of its pool, sharing results through the DVC remote. Default
             (none): one `dvc repro` here.
+        fan_out_idle_minutes: with `fan_out`, give up (cancelling the runs still waiting) when no worker has
+            taken any of the runs for this long; training itself is not time-limited.
     """
+    if fan_out and not fan_out_idle_minutes > 0:  # a UI run's parameters are not argparse-checked
+        raise ConfigError(f"fan_out_idle_minutes must be > 0, got {fan_out_idle_minutes}")
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
@@ -159,7 +165,7 @@ def retrain(
     logger.info("stale stages: %s", ", ".join(stale) or "none")
     ran = []
     if stale or force or epochs:
-        ran = (fan_out_stages(str(root), selected, fan_out, epochs, force) if fan_out
+        ran = (fan_out_stages(str(root), selected, fan_out, epochs, force, fan_out_idle_minutes) if fan_out
                else reproduce(str(root), targets, force, epochs, selected))
     results = collect_results(str(root), selected)
     candidate = choose_candidate(results)
@@ -191,9 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo-root", default=str(ROOT))
     parser.add_argument("--fan-out", metavar="DEPLOYMENT",
                         help="train each model as a run of this train-model deployment on a worker pool")
+    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=30.0, metavar="MINUTES",
+                        help="with --fan-out: give up when no worker has taken any run for this long (default 30)")
     args = parser.parse_args(argv)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
-                                       repo_root=args.repo_root, fan_out=args.fan_out), args.verbose)
+                                       repo_root=args.repo_root, fan_out=args.fan_out,
+                                       fan_out_idle_minutes=args.fan_out_idle_minutes), args.verbose)
     print(json.dumps(summary, indent=2, default=str))
 
 

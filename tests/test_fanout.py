@@ -92,10 +92,11 @@ def test_head_commit_outside_git_is_a_user_error(tmp_path):
 
 
 class FakeRuns:
-    """Stands in for run_deployment + the API: each submitted run ends in the next state of its model's script."""
+    """Stands in for run_deployment + the API: each submitted run takes the next entry of its model's script —
+    a final state, or a list of states the run goes through, one per read (the last one stays)."""
 
     def __init__(self, scripts: dict[str, list]):
-        self.scripts, self.submitted, self.states = scripts, [], {}
+        self.scripts, self.submitted, self.states, self.cancelled = scripts, [], {}, []
 
     def submit(self, deployment, order, attempt):
         from types import SimpleNamespace
@@ -103,14 +104,26 @@ class FakeRuns:
 
         run = SimpleNamespace(id=uuid4())
         self.submitted.append((order.model, attempt))
-        self.states[run.id] = self.scripts[order.model].pop(0)
+        entry = self.scripts[order.model].pop(0)
+        self.states[run.id] = list(entry) if isinstance(entry, list) else [entry]
         return run
+
+    def read(self, run_id):
+        from types import SimpleNamespace
+
+        states = self.states[run_id]
+        return SimpleNamespace(state=states.pop(0) if len(states) > 1 else states[0])
+
+    def set_state(self, run_id, state):
+        self.cancelled.append(run_id)
+        self.states[run_id] = [state]
 
     def client(self, sync_client=True):
         import contextlib
         from types import SimpleNamespace
 
-        reader = SimpleNamespace(read_flow_run=lambda run_id: SimpleNamespace(state=self.states[run_id]))
+        reader = SimpleNamespace(read_flow_run=self.read, set_flow_run_state=self.set_state,
+                                 read_deployment_by_name=lambda name: SimpleNamespace(work_pool_name="recsys-gpu"))
         return contextlib.nullcontext(reader)
 
 
@@ -162,6 +175,32 @@ def test_a_model_whose_runs_keep_crashing_stops_the_fan_out(fake_runs):
     assert fake.submitted == [("sasrec", 1), ("sasrec", 2), ("sasrec", 3)]
 
 
+def test_the_fan_out_gives_up_when_no_worker_takes_its_runs_and_cancels_them(fake_runs):
+    from prefect.states import Scheduled
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Scheduled()], "mostpop": [Scheduled()]})
+    with pytest.raises(fanout.FanOutError) as err:
+        wait_for(orders("mostpop", "sasrec"), "train-model/worker", poll=0.01, idle_minutes=0.002)
+    message = str(err.value)
+    assert "no worker of pool recsys-gpu took any of train-model/worker's runs for 0.002 min" in message
+    assert "mostpop, sasrec waiting; cancelled" in message and "--fan-out-idle-minutes" in message
+    assert len(fake.cancelled) == 2 and all(s[0].is_cancelled() for s in fake.states.values())
+
+
+def test_a_run_a_worker_is_on_is_waited_for_however_long_it_trains(fake_runs):
+    from prefect.states import Completed, Running, Scheduled
+
+    from flows.fanout import wait_for
+
+    # sasrec trains for many idle windows while mostpop waits its turn (one worker): no give-up.
+    fake = fake_runs({"sasrec": [[Scheduled()] + [Running()] * 30 + [Completed()]],
+                      "mostpop": [[Scheduled()] * 31 + [Running(), Completed()]]})
+    assert len(wait_for(orders("sasrec", "mostpop"), "train-model/worker", poll=0.01, idle_minutes=0.001)) == 2
+    assert fake.cancelled == []
+
+
 def test_the_zombie_automation_refuses_a_window_live_runs_fall_into_and_a_temporary_server():
     from flows import zombies
 
@@ -182,3 +221,22 @@ def test_the_zombie_command_says_one_line_and_exits_nonzero(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: --within 20: must exceed")
+
+
+@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
+@pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "soon"])
+def test_the_idle_limit_is_parsed_strictly(module, bad, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as done:
+        main(["--fan-out", "train-model/worker", "--fan-out-idle-minutes", bad])
+    assert done.value.code == 2
+    assert "--fan-out-idle-minutes" in capsys.readouterr().err
+
+
+def test_the_idle_limit_flow_parameter_is_checked_before_anything_runs():
+    from flows.retrain import retrain
+
+    with pytest.raises(ConfigError, match="fan_out_idle_minutes must be > 0, got 0"):
+        retrain.fn(repo_root=str(REPO_ROOT), fan_out="train-model/worker", fan_out_idle_minutes=0)

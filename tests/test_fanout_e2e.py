@@ -7,13 +7,15 @@ the single-machine default) and fanned out (`--fan-out train-model/worker`). The
 the same metrics files and the same registry rows (field by field, ids and times aside). Mid-way through it,
 the worker training a model is killed with SIGKILL (with every process it started): its flow run stops
 sending heartbeats, the server's automation marks it Crashed, and the coordinator hands the model out again
-to the surviving worker."""
+to the surviving worker. Before any worker starts, a fanned-out run gives up after its idle limit with one
+line and cancels the runs it handed out (no worker would ever have taken them)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -105,6 +107,19 @@ def test_fan_out_matches_the_serial_run_and_survives_a_killed_worker(team):
     _, serial_summary, _ = run_retrain(serial, the.env)
     assert set(serial_summary["stages_run"]) >= {f"train@{m}" for m in MODELS}
 
+    # No worker online yet: the coordinator hands the models out, nobody takes them, it gives up.
+    idle = subprocess.run(["python", "-m", "flows.retrain", "--fan-out", WORKER_DEPLOYMENT,
+                           "--fan-out-idle-minutes", "0.25"], cwd=coordinator, env=the.env, capture_output=True,
+                          text=True, timeout=600)
+    last = idle.stderr.strip().splitlines()[-1]
+    assert idle.returncode == 1 and "Traceback" not in idle.stderr, idle.stderr[-4000:]
+    assert last.startswith("error: fan-out: no worker of pool recsys-gpu took any of train-model/worker's runs "
+                           "for 0.25 min") and "--fan-out-idle-minutes" in last, last
+    abandoned = the.flow_runs()
+    assert sorted(r["parameters"]["model"] for r in abandoned) == sorted(TRAINABLE + ["mostpop"])
+    assert {r["state_type"] for r in abandoned} == {"CANCELLED"}, [r["state"] for r in abandoned]
+    abandoned_ids = {r["id"] for r in abandoned}
+
     workers = [the.start_worker("worker-a"), the.start_worker("worker-b")]
     assassin = Assassin(workers, the.worker_tmp)
     assassin.start()
@@ -113,7 +128,8 @@ def test_fan_out_matches_the_serial_run_and_survives_a_killed_worker(team):
 
     # A worker died mid-training; its run was marked Crashed and handed to the other worker.
     assert assassin.model is not None, "no worker was seen training: the kill did not happen"
-    runs = the.flow_runs()
+    runs = [r for r in the.flow_runs() if r["id"] not in abandoned_ids]  # the cancelled ones stay cancelled
+    assert {r["state_type"] for r in the.flow_runs() if r["id"] in abandoned_ids} == {"CANCELLED"}
     states = {m: sorted(r["state_type"] for r in runs if r["parameters"]["model"] == m) for m in MODELS}
     assert states[assassin.model] == ["COMPLETED", "CRASHED"], states
     assert all("COMPLETED" in s for s in states.values()), states
