@@ -37,6 +37,7 @@ SASREC_DEFAULT_RUN = f"{REF},windows=all"
 _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, "sasrec:ce", "sasrec:bce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
+_MIN100 = f"{SASREC_DEFAULT_RUN},min_epochs=100"
 ABLATION = (
     ("sasrec:ce", None, "previous defaults: pre-LN blocks, 1 head, patience 10, gradient clipping 5"),
     ("sasrec:ce@residual=reference,n_heads=1", "sasrec:ce", "reference block (LN'd query residual, raw keys)"),
@@ -49,6 +50,9 @@ ABLATION = (
     (f"{SASREC_DEFAULT_RUN},dim=128,min_epochs=100", SASREC_DEFAULT_RUN,
      "dim 128 and no early stop before epoch 100 (best epochs all before the stop: min_epochs changed no result)"),
     (f"{REF},weight_init=xavier,emb_scale=false", _R2, "RecTools' init (Xavier everywhere), no √d scale; no clipping"),
+    (f"{_MIN100},weight_init=xavier,emb_scale=false", _MIN100, "RecTools' init (Xavier everywhere), no √d scale"),
+    (f"{_MIN100},batching=random", _MIN100,
+     "uniform random batches (from length-bucketed: the same short histories shared a batch every epoch)"),
 )
 
 

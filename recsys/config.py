@@ -81,6 +81,9 @@ class TrainConfig:
     # Training sequences per user: "last" = the newest max_len + 1 training events (the SASRec reference);
     # "all" = the whole training history in windows of max_len + 1 events (recsys.sequences.train_spans).
     windows: Literal["last", "all"] = "last"
+    # How an epoch's spans form batches: "bucketed" = similar lengths together (least padding: the cheapest
+    # epoch on CPU), "random" = uniform batches (every target weighs the same in expectation; issue 11).
+    batching: Literal["bucketed", "random"] = "bucketed"
     # Where training starts (recsys/warm.py): "cold" = a fresh initialisation; "warm" = the registry
     # champion's weights (same model family and shapes, or the stage stops and says what differs); "auto" =
     # warm when the champion is compatible, else cold with the reason logged — and cold anyway for every

@@ -110,6 +110,22 @@ def bucketed_batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.G
     return [batches[i] for i in perm]
 
 
+def random_batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
+    """Row indices of each batch: one shuffle, cut into batches (every batch a uniform sample of the spans,
+    padded to its longest). Unlike `bucketed_batch_rows`, which groups spans of similar length — so the same
+    short histories meet every epoch and each of their targets weighs more in its batch's mean loss."""
+    order = torch.randperm(len(lengths), generator=generator).numpy()
+    return [order[b : b + batch_size] for b in range(0, len(order), batch_size)]
+
+
+def batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator, batching: str) -> list[np.ndarray]:
+    """The epoch's batch plan for `train.batching` ("bucketed" or "random")."""
+    plan = {"bucketed": bucketed_batch_rows, "random": random_batch_rows}.get(batching)
+    if plan is None:
+        raise ValueError(f"train.batching must be 'bucketed' or 'random', got {batching!r}")
+    return plan(lengths, batch_size, generator)
+
+
 def bucketed_batches(spans: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
     """`bucketed_batch_rows` as the spans themselves (for `train_batch`)."""
     return [spans[rows] for rows in bucketed_batch_rows(spans[:, 2] - spans[:, 1], batch_size, generator)]

@@ -38,7 +38,7 @@ from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, summarise
-from recsys.sequences import SequenceData, TrainingTensors, bucketed_batch_rows
+from recsys.sequences import SequenceData, TrainingTensors, batch_rows
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def train_model(
         world.seed_epoch(cfg.seed, epoch)
         # The epoch's batch plan is made on the host from span lengths and sent to the device in one copy;
         # inside the loop nothing waits for the device (the loss is summed there and read once per epoch).
-        plan = world.shard(bucketed_batch_rows(tensors.lengths, cfg.batch_size, generator))
+        plan = world.shard(batch_rows(tensors.lengths, cfg.batch_size, generator, cfg.batching))
         widths = [int(tensors.lengths[rows].max()) - 1 for rows in plan]
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])

@@ -12,6 +12,7 @@ from recsys.prepare import prepare
 from recsys.sequences import (
     SequenceData,
     TrainingTensors,
+    batch_rows,
     bucketed_batch_rows,
     bucketed_batches,
     eval_batch,
@@ -118,6 +119,29 @@ def test_device_resident_batches_equal_host_batches(max_len):
         got, want = tensors.batch(torch.from_numpy(rows), width), train_batch(data, spans[rows])
         for field in ("items", "times", "users", "targets", "target_times"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+def test_random_batches_cover_every_span_once_and_mix_lengths():
+    lengths = np.repeat(np.arange(2, 12), 20)  # 200 spans, ten lengths
+    plan = batch_rows(lengths, 16, torch.Generator().manual_seed(0), "random")
+    assert [len(b) for b in plan] == [16] * 12 + [8]
+    assert sorted(np.concatenate(plan).tolist()) == list(range(200))
+    # Uniform batches: a batch spans most lengths, where bucketing puts one or two lengths in each.
+    assert np.mean([len(set(lengths[b])) for b in plan]) > 6
+    bucketed = batch_rows(lengths, 16, torch.Generator().manual_seed(0), "bucketed")
+    assert np.mean([len(set(lengths[b])) for b in bucketed]) <= 2
+    again = batch_rows(lengths, 16, torch.Generator().manual_seed(0), "random")
+    assert all((a == b).all() for a, b in zip(plan, again))
+    with pytest.raises(ValueError, match="train.batching must be 'bucketed' or 'random', got 'sorted'"):
+        batch_rows(lengths, 16, torch.Generator(), "sorted")
+
+
+def test_batching_is_a_checked_train_setting():
+    from recsys.config import ConfigError, parse_params
+
+    assert parse_params({"train": {"batching": "random"}}).train.batching == "random"
+    with pytest.raises(ConfigError, match="batching"):
+        parse_params({"train": {"batching": "sorted"}})
 
 
 def test_bucketed_batches_are_the_rows_of_bucketed_batch_rows():

@@ -469,6 +469,21 @@ def test_warmup_ramps_the_learning_rate_linearly_then_holds_it(tiny_prepared, ti
     assert lrs[2:] == [pytest.approx(0.01)] * 2
 
 
+def test_random_batching_trains_and_reaches_the_trainer(tiny_prepared, tiny_sasrec_config, fast_train_config,
+                                                       tmp_path):
+    """`train.batching: random` is a different batch plan (other losses from the first epoch on), and still
+    learns: the planted chains beat popularity as with bucketed batches."""
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    bucketed = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "b")
+    uniform = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, batching="random"), tmp_path / "r")
+    losses = {name: [r["loss"] for r in read_curve(tmp_path / name / "curve.csv")] for name in ("b", "r")}
+    assert losses["b"] != losses["r"]
+    pop = train_model("mostpop", MostPopConfig(), TrainConfig(device="cpu", progress="off"), tiny_prepared,
+                      tmp_path / "mostpop")
+    assert uniform.best_valid["ndcg@10"] > pop.best_valid["ndcg@10"] + 0.05
+    del bucketed
+
+
 def test_min_epochs_holds_off_early_stopping(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
     # lr = 0: validation never improves after epoch 1, so patience 2 alone would stop after epoch 3.
     cfg = dataclasses.replace(fast_train_config, epochs=20, patience=2, lr=0.0, min_epochs=6)
