@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""CPU seconds (process time, one torch thread) of one full SASRec training epoch on ml-100k with
+`train.batching: bucketed` and `random`, alternated — what uniform batches cost on a CPU, where every batch is
+padded to its longest span. params.yaml's SASRec otherwise (windows all). Process time barely depends on other
+load on a shared box; wall time does.
+
+    python benchmarks/batching_cost.py [--rounds 2] [--dataset ml-100k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recsys.config import load_params  # noqa: E402
+from recsys.data import read_movielens_1m, read_movielens_100k  # noqa: E402
+from recsys.models import build_model  # noqa: E402
+from recsys.prepare import prepare  # noqa: E402
+from recsys.sequences import SequenceData, TrainingTensors, batch_rows  # noqa: E402
+
+READERS = {"ml-100k": read_movielens_100k, "ml-1m-half": read_movielens_1m}
+
+
+def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: str) -> tuple[float, float]:
+    """(process seconds, share of padded positions) of one epoch from a fresh model."""
+    torch.manual_seed(0)
+    model = build_model("sasrec", model_config, data.n_items, data.n_users)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=(0.9, 0.98))
+    tensors = TrainingTensors(data, data.train_spans(model_config.max_len, train_config.windows))
+    plan = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0), batching)
+    slots = sum(len(rows) * (int(tensors.lengths[rows].max()) - 1) for rows in plan)
+    real = int(sum((tensors.lengths[rows] - 1).sum() for rows in plan))
+    started = time.process_time()
+    for rows in plan:
+        batch = tensors.batch(torch.from_numpy(rows), int(tensors.lengths[rows].max()) - 1)
+        loss = model.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return time.process_time() - started, 1 - real / slots
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", choices=sorted(READERS), default="ml-100k")
+    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--rounds", type=int, choices=range(1, 11), default=2, metavar="1..10")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    params = load_params(ROOT / "params.yaml")
+    prepared = prepare(READERS[args.dataset](Path(args.data_root) / args.dataset), params.prepare)
+    data = SequenceData.from_prepared(prepared)
+    model_config, train_config = params.model_config("sasrec"), params.train_config("sasrec")
+    train_config = dataclasses.replace(train_config, device="cpu")
+    print(f"{args.dataset}, load average {os.getloadavg()[0]:.2f} before, torch {torch.__version__}, one thread")
+    seconds: dict[str, list[float]] = {"bucketed": [], "random": []}
+    for _ in range(args.rounds):
+        for batching in seconds:
+            cpu, padded = epoch_cpu_seconds(data, model_config, train_config, batching)
+            seconds[batching].append(cpu)
+            print(f"batching={batching} epoch_cpu_s={cpu:.2f} padded_positions={padded:.1%}", flush=True)
+    ratio = np.mean(seconds["random"]) / np.mean(seconds["bucketed"])
+    print(f"random / bucketed CPU seconds per epoch: {ratio:.2f} (load average {os.getloadavg()[0]:.2f} after)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
