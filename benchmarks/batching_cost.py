@@ -22,13 +22,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
+from benchmarks.bench_step import train_steps  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.data import read_movielens_1m, read_movielens_100k  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.prepare import prepare  # noqa: E402
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows  # noqa: E402
-
-READERS = {"ml-100k": read_movielens_100k, "ml-1m-half": read_movielens_1m}
 
 
 def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: str) -> tuple[float, float]:
@@ -41,12 +39,7 @@ def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: 
     slots = sum(len(rows) * (int(tensors.lengths[rows].max()) - 1) for rows in plan)
     real = int(sum((tensors.lengths[rows] - 1).sum() for rows in plan))
     started = time.process_time()
-    for rows in plan:
-        batch = tensors.batch(torch.from_numpy(rows), int(tensors.lengths[rows].max()) - 1)
-        loss = model.loss(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    train_steps(model, optimizer, tensors, plan, torch.device("cpu"))
     return time.process_time() - started, 1 - real / slots
 
 
@@ -58,8 +51,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     params = load_params(ROOT / "params.yaml")
-    prepared = prepare(READERS[args.dataset](Path(args.data_root) / args.dataset), params.prepare)
-    data = SequenceData.from_prepared(prepared)
+    data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
     model_config, train_config = params.model_config("sasrec"), params.train_config("sasrec")
     train_config = dataclasses.replace(train_config, device="cpu")
     print(f"{args.dataset}, load average {os.getloadavg()[0]:.2f} before, torch {torch.__version__}, one thread")

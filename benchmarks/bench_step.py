@@ -27,24 +27,18 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.sequences import SequenceData, TrainingTensors, bucketed_batch_rows  # noqa: E402
+from recsys.sequences import SequenceData, TrainingTensors, batch_rows  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
 from recsys.train import validate, validation_inputs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 
 
-def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device) -> dict:
-    model_config, train_config = params.model_config(name), params.train_config(name)
-    torch.manual_seed(0)
-    model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
-    spans = data.train_spans(int(model_config.max_len), train_config.windows)
-    tensors = TrainingTensors(data, spans, device)  # as the trainer: resident on the device
-    batches = bucketed_batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0))
-    batches = batches[:n_batches]
+def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, device: torch.device) -> int:
+    """One training step (forward, backward, Adam) per batch of row indices, as the trainer takes it;
+    returns the sequences seen (waits for the device before returning)."""
     model.train()
-    started, sequences = time.perf_counter(), 0
+    sequences = 0
     for rows in batches:
         batch = tensors.batch(torch.from_numpy(rows).to(device), int(tensors.lengths[rows].max()) - 1)
         loss = model.loss(batch)
@@ -54,6 +48,20 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
         sequences += len(rows)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    return sequences
+
+
+def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device) -> dict:
+    model_config, train_config = params.model_config(name), params.train_config(name)
+    torch.manual_seed(0)
+    model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
+    spans = data.train_spans(int(model_config.max_len), train_config.windows)
+    tensors = TrainingTensors(data, spans, device)  # as the trainer: resident on the device
+    batches = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0),
+                         train_config.batching)[:n_batches]  # the trainer's plan for this model's config
+    started = time.perf_counter()
+    sequences = train_steps(model, optimizer, tensors, batches, device)
     train_seconds = time.perf_counter() - started
     inputs = validation_inputs(model, data, train_config, device)  # built once per run by the trainer
     started = time.perf_counter()

@@ -25,7 +25,6 @@ from recsys.workspace import run_dvc, workspace_lock
 
 POLL_SECONDS = 5.0
 RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when its workers keep crashing
-IDLE_MINUTES = 30.0  # default `fan_out_idle_minutes`: give up when no worker has started any of our runs this long
 STARTED = {"PENDING", "RUNNING", "CANCELLING"}  # state types of a run some worker has taken
 
 
@@ -67,7 +66,7 @@ def submit(deployment: str, order: fanout.WorkOrder, attempt: int) -> Any:
 
 
 def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = RESUBMITS,
-             poll: float = POLL_SECONDS, idle_minutes: float = IDLE_MINUTES) -> list[str]:
+             poll: float = POLL_SECONDS, idle_minutes: float = fanout.IDLE_MINUTES) -> list[str]:
     """Hand out every order and wait until each has completed once; returns the models' final run ids.
 
     Training may take hours, so only idleness is bounded: when for `idle_minutes` no run still out has
@@ -129,7 +128,7 @@ def cancel_waiting(running: dict[str, Any], deployment: str) -> str:
 
 
 def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs: int | None,
-                         force: bool = False, idle_minutes: float = IDLE_MINUTES) -> list[str]:
+                         force: bool = False, idle_minutes: float = fanout.IDLE_MINUTES) -> list[str]:
     """Prepare here, train + evaluate each stale model on a worker, restore everything here from the
     run-cache. Returns the stages that ran (here or on a worker), like the serial `dvc repro`."""
     logger = get_run_logger()

@@ -16,9 +16,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.errors import add_verbose_flag, positive_float, run_main
+from flows.errors import add_verbose_flag, run_main
 from flows.ingest import NOTHING_TO_INGEST, has_batches_or_unfinished_work, ingest, summarise
-from flows.retrain import retrain
+from flows.retrain import add_fan_out_arguments, retrain
+from recsys.fanout import IDLE_MINUTES
 from recsys.recommend import describe_champion
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -32,7 +33,7 @@ def pipeline(
     inbox: str | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
-    fan_out_idle_minutes: float = 30.0,
+    fan_out_idle_minutes: float = IDLE_MINUTES,
 ) -> dict[str, Any]:
     """Ingest new batches, then retrain what changed and gate the best candidate.
 
@@ -62,10 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
     parser.add_argument("--repo-root", default=str(ROOT))
-    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
-                        help="train each model as a run of this train-model deployment on a worker pool")
-    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=30.0, metavar="MINUTES",
-                        help="with --fan-out: give up when no worker has taken any run for this long (default 30)")
+    add_fan_out_arguments(parser)
     args = parser.parse_args(argv)
 
     def run() -> dict[str, Any]:

@@ -33,7 +33,7 @@ from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
                                select_models, training_progress)
 from recsys.faults import fault_point
-from recsys.fanout import check_fan_out
+from recsys.fanout import IDLE_MINUTES, check_fan_out
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -128,7 +128,7 @@ def retrain(
     epochs: int | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
-    fan_out_idle_minutes: float = 30.0,
+    fan_out_idle_minutes: float = IDLE_MINUTES,
 ) -> dict[str, Any]:
     """Rebuild the prepared dataset, train + evaluate `models` (default: all in params.yaml) through DVC,
     then gate the best candidate (by validation NDCG@10) against the champion.
@@ -189,16 +189,22 @@ def retrain(
     }
 
 
+def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--fan-out` and `--fan-out-idle-minutes`, for this flow's command line and the pipeline's."""
+    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
+                        help="train each model as a run of this train-model deployment on a worker pool")
+    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=IDLE_MINUTES, metavar="MINUTES",
+                        help=f"with --fan-out: give up when no worker has taken any run for this long "
+                             f"(default {IDLE_MINUTES:g})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description="run the retrain flow"))
     parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
     parser.add_argument("--repo-root", default=str(ROOT))
-    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
-                        help="train each model as a run of this train-model deployment on a worker pool")
-    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=30.0, metavar="MINUTES",
-                        help="with --fan-out: give up when no worker has taken any run for this long (default 30)")
+    add_fan_out_arguments(parser)
     args = parser.parse_args(argv)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
                                        repo_root=args.repo_root, fan_out=args.fan_out,

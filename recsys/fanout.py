@@ -38,6 +38,9 @@ DVC_LOCK = "dvc.lock"
 # differ from the commit (an epochs override, a local registry URL). Nothing else is shipped.
 SHIPPED_FILES = (PARAMS, DVC_LOCK)
 MODEL_STAGES = ("train", "evaluate")
+# Default `fan_out_idle_minutes` (flows.retrain / flows.pipeline): the coordinator gives up when no worker has
+# taken any of its runs, and none has ended, for this long.
+IDLE_MINUTES = 30.0
 
 
 class FanOutError(StageError):
