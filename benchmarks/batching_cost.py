@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""CPU seconds (process time, one torch thread) of one full SASRec training epoch on ml-100k with
-`train.batching: bucketed` and `random`, alternated — what uniform batches cost on a CPU, where every batch is
-padded to its longest span. params.yaml's SASRec otherwise (windows all). Process time barely depends on other
-load on a shared box; wall time does.
+"""CPU seconds (process time, one torch thread) of one full SASRec training epoch on ml-100k for each
+(`train.batching`, `train.micro_batches`) pair, alternated: bucketed and random batches as whole batches
+(micro_batches 1), and as 8 length-sorted micro-batches (the CPU's auto setting) — what uniform batches cost
+on a CPU, where every batch is padded to its longest span, and how much of it micro-batches win back.
+params.yaml's SASRec otherwise (windows all). Process time barely depends on other load on a shared box;
+wall time does.
 
     python benchmarks/batching_cost.py [--rounds 2] [--dataset ml-100k]
 """
@@ -26,20 +28,24 @@ from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
 from benchmarks.bench_step import train_steps  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.sequences import SequenceData, TrainingTensors, batch_rows  # noqa: E402
+from recsys.sequences import (  # noqa: E402
+    MICRO_BATCHES_CPU, SequenceData, TrainingTensors, batch_rows, micro_batches,
+)
 
 
-def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: str) -> tuple[float, float]:
+def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: str,
+                      micro: int) -> tuple[float, float]:
     """(process seconds, share of padded positions) of one epoch from a fresh model."""
     torch.manual_seed(0)
     model = build_model("sasrec", model_config, data.n_items, data.n_users)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=(0.9, 0.98))
     tensors = TrainingTensors(data, data.train_spans(model_config.max_len, train_config.windows))
     plan = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0), batching)
-    slots = sum(len(rows) * (int(tensors.lengths[rows].max()) - 1) for rows in plan)
+    slots = sum((stop - start) * width for rows in plan
+                for start, stop, width, _ in micro_batches(tensors.lengths[rows], micro))
     real = int(sum((tensors.lengths[rows] - 1).sum() for rows in plan))
     started = time.process_time()
-    train_steps(model, optimizer, tensors, plan, torch.device("cpu"))
+    train_steps(model, optimizer, tensors, plan, torch.device("cpu"), micro)
     return time.process_time() - started, 1 - real / slots
 
 
@@ -55,14 +61,19 @@ def main() -> int:
     model_config, train_config = params.model_config("sasrec"), params.train_config("sasrec")
     train_config = dataclasses.replace(train_config, device="cpu")
     print(f"{args.dataset}, load average {os.getloadavg()[0]:.2f} before, torch {torch.__version__}, one thread")
-    seconds: dict[str, list[float]] = {"bucketed": [], "random": []}
+    settings = [(batching, micro) for micro in (1, MICRO_BATCHES_CPU) for batching in ("bucketed", "random")]
+    seconds: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
     for _ in range(args.rounds):
-        for batching in seconds:
-            cpu, padded = epoch_cpu_seconds(data, model_config, train_config, batching)
-            seconds[batching].append(cpu)
-            print(f"batching={batching} epoch_cpu_s={cpu:.2f} padded_positions={padded:.1%}", flush=True)
-    ratio = np.mean(seconds["random"]) / np.mean(seconds["bucketed"])
-    print(f"random / bucketed CPU seconds per epoch: {ratio:.2f} (load average {os.getloadavg()[0]:.2f} after)")
+        for batching, micro in settings:
+            cpu, padded = epoch_cpu_seconds(data, model_config, train_config, batching, micro)
+            seconds[batching, micro].append(cpu)
+            print(f"batching={batching} micro_batches={micro} epoch_cpu_s={cpu:.2f} "
+                  f"padded_positions={padded:.1%}", flush=True)
+    mean = {setting: float(np.mean(values)) for setting, values in seconds.items()}
+    base = mean["bucketed", 1]
+    for (batching, micro), value in mean.items():
+        print(f"{batching} × {micro}: {value:.2f} s per epoch, {value / base:.2f} × bucketed whole batches")
+    print(f"load average {os.getloadavg()[0]:.2f} after")
     return 0
 
 

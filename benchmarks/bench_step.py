@@ -27,24 +27,26 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model  # noqa: E402
-from recsys.sequences import SequenceData, TrainingTensors, batch_rows  # noqa: E402
+from recsys.sequences import (  # noqa: E402
+    SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
+)
 from recsys.device import resolve_device  # noqa: E402
-from recsys.train import validate, validation_inputs  # noqa: E402
+from recsys.train import optimiser_step, validate, validation_inputs  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 
 
-def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, device: torch.device) -> int:
-    """One training step (forward, backward, Adam) per batch of row indices, as the trainer takes it;
-    returns the sequences seen (waits for the device before returning)."""
+def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, device: torch.device,
+                micro_batches_setting: int = 0) -> int:
+    """One training step per batch of row indices, as the trainer takes it (`recsys.train.optimiser_step`,
+    with `train.micro_batches` = `micro_batches_setting`); returns the sequences seen (waits for the device
+    before returning)."""
     model.train()
+    parts = micro_batch_count(micro_batches_setting, device)
     sequences = 0
     for rows in batches:
-        batch = tensors.batch(torch.from_numpy(rows).to(device), int(tensors.lengths[rows].max()) - 1)
-        loss = model.loss(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        optimiser_step(model, model.loss, optimizer, tensors, torch.from_numpy(rows).to(device),
+                       micro_batches(tensors.lengths[rows], parts, model.loss_terms(tensors.lengths[rows])))
         sequences += len(rows)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -61,7 +63,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     batches = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0),
                          train_config.batching)[:n_batches]  # the trainer's plan for this model's config
     started = time.perf_counter()
-    sequences = train_steps(model, optimizer, tensors, batches, device)
+    sequences = train_steps(model, optimizer, tensors, batches, device, train_config.micro_batches)
     train_seconds = time.perf_counter() - started
     inputs = validation_inputs(model, data, train_config, device)  # built once per run by the trainer
     started = time.perf_counter()

@@ -84,6 +84,10 @@ class TrainConfig:
     # How an epoch's spans form batches: "bucketed" = similar lengths together (least padding: the cheapest
     # epoch on CPU), "random" = uniform batches (every target weighs the same in expectation; issue 11).
     batching: Literal["bucketed", "random"] = "bucketed"
+    # Each optimiser step runs as this many length-sorted micro-batches whose gradients add up to the whole
+    # batch's (recsys.sequences.micro_batches): the same update with less padding. 0 = auto: 8 on a CPU
+    # (a uniform ML-100K epoch 2.4 × cheaper), 1 on CUDA.
+    micro_batches: int = 0
     # Where training starts (recsys/warm.py): "cold" = a fresh initialisation; "warm" = the registry
     # champion's weights (same model family and shapes, or the stage stops and says what differs); "auto" =
     # warm when the champion is compatible, else cold with the reason logged — and cold anyway for every
@@ -103,7 +107,7 @@ class TrainConfig:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
-        for name in ("warmup_steps", "min_epochs"):
+        for name in ("warmup_steps", "min_epochs", "micro_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.warm_cold_every < 0:

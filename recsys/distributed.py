@@ -11,8 +11,10 @@ Outside torchrun every function here is a no-op and the trainer runs exactly as 
   keeps the metrics within seed noise of a single-process run; N processes cut the time of a step, not the
   number of steps. A batch with fewer rows than processes (the tail of a length bucket) lends a row twice,
   so no rank ever runs an empty step — DDP needs every rank in every step.
-- **Gradients.** DDP averages them across ranks, so the weights stay identical on every rank. The models'
-  training entry is `loss(batch)`, not `forward`, so DDP wraps a small module whose `forward` is the loss.
+- **Gradients.** DDP averages them across ranks, so the weights stay identical on every rank. Each of a
+  step's micro-batches (`train.micro_batches`) is all-reduced as it runs (the same number on every rank)
+  and the results add up before the one optimiser step. The models' training entry is `loss(batch)`, not
+  `forward`, so DDP wraps a small module whose `forward` is the loss.
 - **Randomness.** Dropout, masking and sampled negatives draw from the global RNG, reseeded each epoch from
   (seed, epoch, rank): ranks draw differently, and a resumed run draws what an uninterrupted one would.
 - **Validation and stopping.** Every rank ranks the full validation set (no extra wall time: each has its
@@ -119,6 +121,15 @@ class World:
             _Loss(model), device_ids=[device.index] if device.type == "cuda" else None,
             forward_sync_buffers=False, static_graph=True,
         )
+
+    def micro_batch_count(self, parts: int, batch_rows: int) -> int:
+        """Micro-batches per rank for a step of `batch_rows` rows (all ranks): `parts`, capped so every rank
+        has at least that many rows — each micro-batch's backward is a DDP all-reduce, so every rank must run
+        the same number of them. (`no_sync` would save the extra all-reduces, but DDP's static graph does
+        not support it.)"""
+        if not self.active:
+            return parts
+        return min(parts, max(1, batch_rows // self.size))
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of `value` over ranks (the epoch loss the curve reports)."""

@@ -1,8 +1,10 @@
 """Prepared events → padded tensor batches for training and evaluation.
 
 Events are held as flat arrays sorted by user (CSR-style `offsets`), so building a batch is slicing, never a
-per-event Python loop. Training batches are length-bucketed: sequences of similar length share a batch, which
-cuts padding (and time) several-fold on long-tailed data like MovieLens while batch order stays random.
+per-event Python loop. Training batches are either length-bucketed (sequences of similar length share a
+batch, which cuts padding several-fold on long-tailed data like MovieLens) or uniform random samples
+(`train.batching`); either way a step may run as length-sorted micro-batches (`train.micro_batches`), so a
+uniform batch costs what a bucketed one does on a CPU.
 """
 
 from __future__ import annotations
@@ -111,11 +113,13 @@ def bucketed_batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.G
 
 
 def random_batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:
-    """Row indices of each batch: one shuffle, cut into batches (every batch a uniform sample of the spans,
-    padded to its longest). Unlike `bucketed_batch_rows`, which groups spans of similar length — so the same
-    short histories meet every epoch and each of their targets weighs more in its batch's mean loss."""
+    """Row indices of each batch: one shuffle, cut into batches (every batch a uniform sample of the spans).
+    Unlike `bucketed_batch_rows`, which groups spans of similar length — so the same short histories meet
+    every epoch and each of their targets weighs more in its batch's mean loss. Rows within a batch are sorted
+    by length (the batch is the same set), so `micro_batches` and DDP shards slice it into similar lengths."""
     order = torch.randperm(len(lengths), generator=generator).numpy()
-    return [order[b : b + batch_size] for b in range(0, len(order), batch_size)]
+    batches = (order[b : b + batch_size] for b in range(0, len(order), batch_size))
+    return [rows[np.argsort(lengths[rows], kind="stable")] for rows in batches]
 
 
 def batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator, batching: str) -> list[np.ndarray]:
@@ -124,6 +128,36 @@ def batch_rows(lengths: np.ndarray, batch_size: int, generator: torch.Generator,
     if plan is None:
         raise ValueError(f"train.batching must be 'bucketed' or 'random', got {batching!r}")
     return plan(lengths, batch_size, generator)
+
+
+MICRO_BATCHES_CPU = 8  # `train.micro_batches: 0` (auto) on a CPU; 1 on CUDA (benchmarks/batching_cost.py)
+
+
+def micro_batch_count(setting: int, device: torch.device) -> int:
+    """`train.micro_batches` for `device`: the setting itself, or for 0 (auto) 8 on a CPU — where a padded
+    position costs as much as a real one — and 1 on CUDA, where small launches cost more than padding."""
+    if setting > 0:
+        return setting
+    return 1 if device.type == "cuda" else MICRO_BATCHES_CPU
+
+
+def micro_batches(lengths: np.ndarray, parts: int, terms: np.ndarray | None = None,
+                  ) -> list[tuple[int, int, int, float]]:
+    """One optimiser step's rows, sorted by span length (`lengths`, events per span), as up to `parts`
+    contiguous micro-batches: (start, stop, input width, weight) each.
+
+    A micro-batch is padded only to its own longest span, and its weight is its share of the step's loss
+    terms — `terms` per row, by default the next-item targets (a span of n events holds n - 1; a model's
+    `loss_terms`) — so Σ weight × mean loss of each micro-batch is the step's mean loss over all its terms:
+    accumulating those gradients gives the step one batch would, with the padding of length-sorted batches.
+    (BERT4Rec draws its masked positions per micro-batch; its weights are their expected share.)"""
+    if len(lengths) and np.any(np.diff(lengths) < 0):
+        raise ValueError("micro_batches needs the step's rows sorted by span length")
+    targets = lengths - 1.0 if terms is None else np.asarray(terms, dtype=np.float64)
+    total = float(targets.sum())
+    bounds = np.linspace(0, len(lengths), min(parts, len(lengths)) + 1).round().astype(int)
+    return [(int(lo), int(hi), int(lengths[hi - 1]) - 1, float(targets[lo:hi].sum()) / total)
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def bucketed_batches(spans: np.ndarray, batch_size: int, generator: torch.Generator) -> list[np.ndarray]:

@@ -38,7 +38,7 @@ from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, summarise
-from recsys.sequences import SequenceData, TrainingTensors, batch_rows
+from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,27 @@ def validation_inputs(model, data: SequenceData, config: TrainConfig, device) ->
                          device=device)
 
 
+def optimiser_step(model, loss_fn, optimizer, tensors: TrainingTensors, rows: torch.Tensor, micro: list,
+                   *, grad_clip: float = 0.0) -> torch.Tensor:
+    """One optimiser step on the spans `rows` (on the device, sorted by length) run as the micro-batches
+    `micro` (`recsys.sequences.micro_batches`): their weighted losses' gradients add up to the whole step's.
+    Returns the step's mean loss, detached and left on the device (no host sync). bfloat16 autocast on
+    CUDA."""
+    device = rows.device
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for start, stop, width, weight in micro:
+        batch = tensors.batch(rows[start:stop], width)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_fn(batch)
+        (loss * weight).backward()
+        total += loss.detach() * weight
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return total
+
+
 def train_model(
     model_name: str,
     model_config: Any,
@@ -213,8 +234,8 @@ def train_model(
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
     loss_fn = world.loss_fn(model, device)
+    parts = micro_batch_count(cfg.micro_batches, device)
     curve_rows = state["curve"]
-    use_amp = device.type == "cuda"
     stopped_by = "max_epochs"
     time_offset = state["seconds"] - (time.perf_counter() - started)
 
@@ -224,25 +245,22 @@ def train_model(
         world.seed_epoch(cfg.seed, epoch)
         # The epoch's batch plan is made on the host from span lengths and sent to the device in one copy;
         # inside the loop nothing waits for the device (the loss is summed there and read once per epoch).
-        plan = world.shard(batch_rows(tensors.lengths, cfg.batch_size, generator, cfg.batching))
-        widths = [int(tensors.lengths[rows].max()) - 1 for rows in plan]
+        whole = batch_rows(tensors.lengths, cfg.batch_size, generator, cfg.batching)
+        plan = world.shard(whole)
+        steps = [micro_batches(tensors.lengths[rows], world.micro_batch_count(parts, len(full)),
+                               model.loss_terms(tensors.lengths[rows]))
+                 for rows, full in zip(plan, whole)]  # per step: (start, stop, width, weight) per micro-batch
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
         bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
-        for b, width in enumerate(widths):
+        for b, micro in enumerate(steps):
             if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
                 for group in optimizer.param_groups:
                     group["lr"] = state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
-            batch = tensors.batch(flat[bounds[b] : bounds[b + 1]], width)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp):
-                loss = loss_fn(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            total_loss += loss.detach()
+            rows = flat[bounds[b] : bounds[b + 1]]
+            total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
+                                         grad_clip=cfg.grad_clip)
             state["steps"] += 1
             if bar is not None:
                 bar.update(1)

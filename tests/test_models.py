@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -251,6 +252,24 @@ def test_bert4rec_scores_through_an_appended_mask():
     assert not torch.allclose(scores[1], other[1])
     # The [mask] token is never a candidate.
     assert scores.shape[1] == N_ITEMS + 1
+
+
+def test_bert4rec_sees_every_event_of_a_trainer_batch():
+    """The trainer zeroes a target whose input is padding; the cloze sequence must still hold each span's
+    first event (it was dropped for every span shorter than its batch's longest until session 7)."""
+    from recsys.sequences import SequenceData, TrainingTensors
+
+    lengths = [7, 3, 5]
+    items = np.concatenate([np.arange(1, n + 1) + 10 * r for r, n in enumerate(lengths)]).astype(np.int64)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    data = SequenceData(n_items=40, n_users=3, offsets=offsets, items=items, times=items * 60,
+                        roles=np.zeros(len(items), np.int8))
+    spans = data.train_spans(max_len=10, windows="last")
+    tensors = TrainingTensors(data, spans)
+    seq = full_sequences(tensors.batch(torch.arange(3), int(tensors.lengths.max()) - 1), max_len=10)
+    for r, n in enumerate(lengths):
+        row = seq[r][seq[r] > 0].tolist()
+        assert row == (np.arange(1, n + 1) + 10 * r).tolist()
 
 
 def test_bert4rec_masking_never_selects_padding():

@@ -16,6 +16,9 @@ from recsys.sequences import (
     bucketed_batch_rows,
     bucketed_batches,
     eval_batch,
+    micro_batch_count,
+    micro_batches,
+    random_batch_rows,
     train_batch,
 )
 
@@ -171,3 +174,47 @@ def test_all_windows_make_every_training_transition_a_target_exactly_once(max_le
 def test_windows_must_be_known():
     with pytest.raises(ValueError, match="windows"):
         _random_data(1).train_spans(5, windows="some")
+
+
+def test_random_batches_are_a_uniform_partition_sorted_by_length_within_each_batch():
+    lengths = np.random.default_rng(0).integers(2, 50, size=103)
+    plan = random_batch_rows(lengths, 16, torch.Generator().manual_seed(3))
+    assert sorted(np.concatenate(plan).tolist()) == list(range(103))  # every span exactly once
+    assert [len(rows) for rows in plan] == [16] * 6 + [7]
+    assert all(np.all(np.diff(lengths[rows]) >= 0) for rows in plan)
+    # Not bucketed: a batch spans most of the length range, as a uniform sample does.
+    assert np.mean([lengths[rows].max() - lengths[rows].min() for rows in plan[:6]]) > 30
+
+
+def test_micro_batches_pad_each_part_to_its_own_longest_and_weigh_it_by_its_targets():
+    lengths = np.array([2, 3, 3, 5, 9, 10, 20])  # events per span, sorted: 1, 2, 2, 4, 8, 9, 19 targets
+    parts = micro_batches(lengths, 3)
+    assert [(start, stop, width) for start, stop, width, _ in parts] == [(0, 2, 2), (2, 5, 8), (5, 7, 19)]
+    assert [w for *_, w in parts] == pytest.approx([3 / 45, 14 / 45, 28 / 45])
+    assert micro_batches(lengths, 1) == [(0, 7, 19, 1.0)]
+    # More parts than rows: one row each, the weights still sum to one.
+    many = micro_batches(lengths, 50)
+    assert [(start, stop) for start, stop, *_ in many] == [(i, i + 1) for i in range(7)]
+    assert sum(w for *_, w in many) == pytest.approx(1.0)
+
+
+def test_micro_batches_refuse_unsorted_rows():
+    with pytest.raises(ValueError, match="sorted by span length"):
+        micro_batches(np.array([5, 2, 9]), 2)
+
+
+def test_micro_batch_count_auto_is_eight_on_cpu_and_one_on_cuda_and_a_setting_wins():
+    assert micro_batch_count(0, torch.device("cpu")) == 8
+    assert micro_batch_count(0, torch.device("cuda")) == 1
+    assert micro_batch_count(3, torch.device("cuda")) == 3
+    assert micro_batch_count(1, torch.device("cpu")) == 1
+
+
+def test_micro_batches_is_a_checked_train_setting():
+    from recsys.config import ConfigError, parse_params
+
+    assert parse_params({"train": {"micro_batches": 4}}).train.micro_batches == 4
+    with pytest.raises(ConfigError, match="micro_batches must be >= 0"):
+        parse_params({"train": {"micro_batches": -1}})
+    with pytest.raises(ConfigError, match="expected an integer"):
+        parse_params({"train": {"micro_batches": "auto"}})

@@ -20,7 +20,7 @@ from recsys.evaluate import evaluate_model
 from recsys.models.base import Batch
 from recsys.models.mostpop import MostPopConfig
 from recsys.models.sasrec import SASRec
-from recsys.train import train_model
+from recsys.train import optimiser_step, train_model
 
 CHECKPOINT_FILES = {"model.safetensors", "model.json", "items.json", "users.json"}
 
@@ -501,3 +501,35 @@ def test_schedule_settings_are_validated():
     for bad in ({"warmup_steps": -1}, {"min_epochs": -2}, {"batch_size": 0}):
         with pytest.raises(ValueError, match="train"):
             TrainConfig(**bad)
+
+
+@pytest.mark.parametrize("name", ["sasrec", "mojito", "bert4rec"])
+def test_micro_batches_take_the_same_step_as_the_whole_batch(tiny_prepared, name):
+    """Without dropout (and, for BERT4Rec, with every position masked, so nothing is drawn), a step run as
+    micro-batches moves every weight exactly as the whole batch does: same gradient, less padding."""
+    from recsys.models import build_model
+    from recsys.model_configs import MODEL_CONFIGS
+    from recsys.sequences import SequenceData, TrainingTensors, micro_batches, random_batch_rows
+
+    # Nothing drawn: no dropout, no MOJITO attention noise (σ = 0), BERT4Rec masks every position.
+    overrides = {"sasrec": {}, "mojito": {"noise_init": 0.0}, "bert4rec": {"mask_prob": 1.0, "last_item_share": 0.0}}[name]
+    config = MODEL_CONFIGS[name](dim=16, n_heads=1, n_layers=1, dropout=0.0, max_len=20, **overrides)
+    data = SequenceData.from_prepared(tiny_prepared)
+    tensors = TrainingTensors(data, data.train_spans(20, "all"))
+    rows = random_batch_rows(tensors.lengths, 32, torch.Generator().manual_seed(0))[0]
+    assert len(set(tensors.lengths[rows])) > 4  # a batch of mixed lengths: the parts pad differently
+    after, losses = {}, {}
+    for parts in (1, 4):
+        torch.manual_seed(0)
+        model = build_model(name, config, data.n_items, data.n_users)
+        model.fit_statistics(data.train_items())
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        losses[parts] = float(optimiser_step(model, model.loss, optimizer, tensors, torch.from_numpy(rows),
+                                             micro_batches(tensors.lengths[rows], parts,
+                                                           model.loss_terms(tensors.lengths[rows]))))
+        after[parts] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert len(micro_batches(tensors.lengths[rows], 4)) == 4
+    assert losses[4] == pytest.approx(losses[1], rel=1e-5)
+    for key, value in after[1].items():
+        torch.testing.assert_close(after[4][key], value, rtol=1e-4, atol=1e-6, msg=key)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -62,6 +63,11 @@ class SequentialModel(nn.Module):
 
     def score(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
+
+    def loss_terms(self, lengths: np.ndarray) -> np.ndarray:
+        """How many terms `loss` averages over for training spans of `lengths` events (in expectation where
+        they are drawn): the weights of a step's micro-batches. Next-item models: one per target, n - 1."""
+        return lengths - 1
 
     def fit_statistics(self, train_items: torch.Tensor) -> None:
         """Called once before training with every training event's item id (1-D long tensor)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -36,12 +37,14 @@ from recsys.models.sasrec import _init_weights, positions_from_end, sample_negat
 def full_sequences(batch: Batch, max_len: int) -> torch.Tensor:
     """(B, ≤max_len) left-padded training sequences rebuilt from the next-item layout.
 
-    targets[:, t] is the item after items[:, t], so the whole sequence is items[:, 0] followed by targets;
-    the oldest event is dropped when that is longer than `max_len`.
+    Inputs hold every event but the newest, right-aligned, and targets[:, -1] is the newest, so the whole
+    sequence is the inputs followed by the last target (the targets themselves start one event late in a
+    span shorter than the batch: the trainer zeroes a target with padding as its input). The oldest event is
+    dropped when that is longer than `max_len`.
     """
     if batch.targets is None:
         raise ValueError("BERT4Rec.loss needs batch.targets")
-    seq = torch.cat([batch.items[:, :1], batch.targets], dim=1)  # (B, L + 1)
+    seq = torch.cat([batch.items, batch.targets[:, -1:]], dim=1)  # (B, L + 1)
     return seq[:, -max_len:]
 
 
@@ -95,6 +98,14 @@ class BERT4Rec(SequentialModel):
         last = torch.zeros_like(masked)
         last[:, -1] = valid[:, -1]
         return torch.where(fallback[:, None], last, masked)
+
+    def loss_terms(self, lengths: np.ndarray) -> np.ndarray:
+        """Expected masked positions of a span of n events (n tokens up to max_len; `cloze_mask`): one with
+        probability last_item_share, else p·n, plus the fallback one when nothing was masked — the weights of
+        a step's micro-batches, exact when mask_prob is 1."""
+        n = np.minimum(lengths, self.config.max_len).astype(np.float64)
+        p, share = self.config.mask_prob, self.config.last_item_share
+        return share + (1 - share) * (p * n + (1 - p) ** n)
 
     def loss(self, batch: Batch) -> torch.Tensor:
         seq = full_sequences(batch, self.config.max_len)  # (B, L)
