@@ -25,8 +25,8 @@ def check_out(root: str, order: fanout.WorkOrder) -> None:
 
 
 @task(name="reproduce", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_if_transient)
-def reproduce(root: str, model: str) -> list[str]:
-    return fanout.reproduce(Path(root), model)
+def reproduce(root: str, model: str, warm_source: str) -> list[str]:
+    return fanout.reproduce(Path(root), model, warm_source)
 
 
 @task(name="push", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -41,14 +41,15 @@ def train_model(model: str, commit: str, files: dict[str, str], repo_root: str =
     Args:
         model: the model (a name in params.yaml `models`).
         commit: the coordinator's git commit (full sha); fetched when the clone's HEAD differs.
-        files: params.yaml and dvc.lock as the coordinator has them (what the commit lacks).
+        files: params.yaml, dvc.lock and the model's warm source record as the coordinator has them (what the
+            commit lacks).
         repo_root: the clean checkout (the deployment's pull step makes it the working directory).
     """
     logger = get_run_logger()
     order = fanout.WorkOrder(model=model, commit=commit, files=files)
     root = str(Path(repo_root).resolve())
     check_out(root, order)
-    ran = reproduce(root, model)
+    ran = reproduce(root, model, order.files[fanout.warm_source_file(model)])
     push(root, model)
     logger.info("%s: ran %s; outputs and run-cache pushed", model, ", ".join(ran) or "nothing (up to date)")
     return {**fanout.summary(Path(root), model), "stages_run": ran}

@@ -4,7 +4,7 @@ The coordinator (the retrain flow with `fan_out` set) runs `prepare` and pushes 
 model to a worker as a `WorkOrder`: the git commit to check out and the two files a checkout of it lacks
 (params.yaml as the coordinator runs it, with any epochs override, and dvc.lock, which says which prepared
 dataset to pull). A worker, starting from a clean clone, checks out the commit, writes those files, pulls the
-prepared dataset, writes the model's warm source, reproduces `train@<model>` and `evaluate@<model>` and
+prepared dataset, writes the model's warm source (the coordinator's, shipped too), reproduces `train@<model>` and `evaluate@<model>` and
 pushes their outputs and its run-cache. Same code, same params, same inputs: the run-cache key DVC computes
 on the coordinator (`cmd`, every dependency's hash, the params' values, the output paths) is the worker's,
 so the coordinator's own `dvc repro --pull` restores every stage from the bucket instead of training.
@@ -27,7 +27,8 @@ from typing import Any, Iterable
 import yaml
 
 from recsys.config import ConfigError, Params, load_params, validate_name
-from recsys.layout import PARAMS, Layout
+from recsys.layout import PARAMS, WARM_DIR, Layout
+from recsys.warm import SOURCE_FILE
 from recsys.workspace import DvcError, StageError, run_dvc
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 DVC_YAML = "dvc.yaml"
 DVC_LOCK = "dvc.lock"
 # What a worker's checkout of the coordinator's commit lacks: dvc.lock is not committed, and params.yaml may
-# differ from the commit (an epochs override, a local registry URL). Nothing else is shipped.
+# differ from the commit (an epochs override, a local registry URL). Beside them only the model's warm
+# source record (`warm_source_file`) is shipped.
 SHIPPED_FILES = (PARAMS, DVC_LOCK)
 MODEL_STAGES = ("train", "evaluate")
 # Default `fan_out_idle_minutes` (flows.retrain / flows.pipeline): the coordinator gives up when no worker has
@@ -50,6 +52,12 @@ class FanOutError(StageError):
 
 class WorkerLostError(DvcError):
     """A model's runs kept ending without a result (workers crashed or were lost) more times than allowed."""
+
+
+def warm_source_file(model: str) -> str:
+    """The model's warm source record, relative to the root: the coordinator resolves it (`recsys.warm_source`)
+    and ships it, so a worker starts from the same champion — or from nothing, for the same reason."""
+    return f"{WARM_DIR.format(model=validate_name(model, 'model name'))}/{SOURCE_FILE}"
 
 
 def model_stages(model: str) -> list[str]:
@@ -69,12 +77,13 @@ class WorkOrder:
         if not (len(self.commit) == 40 and all(c in "0123456789abcdef" for c in self.commit)):
             raise ConfigError(f"work order for {self.model}: commit must be a full 40-digit git sha, got "
                               f"{self.commit!r}")
-        unknown = sorted(set(self.files) - set(SHIPPED_FILES))
+        allowed = [*SHIPPED_FILES, warm_source_file(self.model)]
+        unknown = sorted(set(self.files) - set(allowed))
         if unknown:
-            raise ConfigError(f"work order for {self.model}: only {list(SHIPPED_FILES)} are shipped to a worker, "
-                              f"not {unknown}")
-        if PARAMS not in self.files:
-            raise ConfigError(f"work order for {self.model}: {PARAMS} is missing")
+            raise ConfigError(f"work order for {self.model}: only {allowed} are shipped to a worker, not {unknown}")
+        missing = [name for name in (PARAMS, warm_source_file(self.model)) if name not in self.files]
+        if missing:
+            raise ConfigError(f"work order for {self.model}: {missing} missing")
 
     def parameters(self) -> dict[str, Any]:
         """The worker flow's parameters (`flows/train_model.py`)."""
@@ -88,10 +97,11 @@ def check_fan_out(params: Params, models: Iterable[str], force: bool) -> None:
                           "how the workers' results reach this workspace; run without fan_out to force, or "
                           "change what should retrain (data, params, code)")
     warm = [m for m in models if params.train_config(m).init != "cold"]
-    if warm:
-        raise ConfigError(f"fan_out needs train.init: cold for {warm}: a worker starts from a clean checkout and "
-                          "cannot read the champion's weights from this machine's registry artifacts "
-                          "(registry.artifact_root); set `init: cold` or run without fan_out")
+    if warm and not Path(params.registry.artifact_root).is_absolute():
+        raise ConfigError(f"fan_out with train.init warm or auto ({warm}) needs registry.artifact_root to be "
+                          "storage every worker mounts at the same absolute path (the workers copy the champion's "
+                          f"weights from it); it is {params.registry.artifact_root!r}, inside this workspace, which a "
+                          "worker's clone lacks: set it, or train.init: cold, or run without fan_out")
 
 
 def head_commit(root: Path) -> str:
@@ -123,9 +133,13 @@ def uncommitted_code(root: Path) -> list[str]:
 
 def work_order(root: Path, model: str, commit: str) -> WorkOrder:
     root = Path(root)
-    files = {name: (root / name).read_text(encoding="utf-8") for name in SHIPPED_FILES if (root / name).is_file()}
+    names = (*SHIPPED_FILES, warm_source_file(model))
+    files = {name: (root / name).read_text(encoding="utf-8") for name in names if (root / name).is_file()}
     if DVC_LOCK not in files or "prepare" not in (yaml.safe_load(files[DVC_LOCK]) or {}).get("stages", {}):
         raise ConfigError(f"{root / DVC_LOCK} has no `prepare` entry: run `dvc repro prepare` before fanning out")
+    if warm_source_file(model) not in files:
+        raise ConfigError(f"{root / warm_source_file(model)} is missing: run `recsys warm` (the retrain flow "
+                          "does) before fanning out")
     return WorkOrder(model=model, commit=commit, files=files)
 
 
@@ -153,17 +167,22 @@ def check_out(root: Path, order: WorkOrder) -> None:
         if checked.returncode != 0:
             raise FanOutError(f"cannot check out {order.commit[:12]}: {checked.stderr.strip()}")
     for name, text in order.files.items():
-        (root / name).write_text(text, encoding="utf-8")
+        if name != warm_source_file(order.model):  # `reproduce` puts the warm source in place
+            (root / name).write_text(text, encoding="utf-8")
 
 
-def reproduce(root: Path, model: str) -> list[str]:
-    """Pull the prepared dataset, write the warm source, reproduce the model's two stages. Returns the stages
-    that ran. (`--single-item`: the worker has no raw store; `prepare` is the coordinator's.)"""
-    from recsys.warm_source import resolve_warm_sources
+def reproduce(root: Path, model: str, warm_source: str) -> list[str]:
+    """Pull the prepared dataset, put the coordinator's warm source in place (`warm_source`: its record, from
+    the work order), reproduce the model's two stages. Returns the stages that ran. (`--single-item`: the
+    worker has no raw store; `prepare` is the coordinator's.)"""
+    from recsys.warm_source import WarmSourceUnavailable, materialise_warm_source
 
     root = Path(root)
     run_dvc(root, "pull", "prepare")
-    resolve_warm_sources(root, load_params(Layout(root).params), [model])
+    try:
+        materialise_warm_source(root, load_params(Layout(root).params), model, warm_source)
+    except WarmSourceUnavailable as err:
+        raise FanOutError(str(err)) from err
     # One `dvc` process for both (with --single-item the targets run in the order given).
     return running_stages(run_dvc(root, "repro", "--single-item", *model_stages(model)).stdout)
 

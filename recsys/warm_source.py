@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -23,7 +24,7 @@ from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
 from recsys.registry import NotFoundError, VersionInfo, open_registry
-from recsys.registry.store import MANIFEST
+from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
 from recsys.warm import SOURCE_FILE, WRITTEN_COLD, WarmSource, read_source, write_none, write_source
 from recsys.workspace import data_version, workspace_lock
 
@@ -46,6 +47,45 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
             log.info("warm source %s", line)
             lines.append(line)
     return lines
+
+
+class WarmSourceUnavailable(Exception):
+    """A fan-out worker cannot reproduce the coordinator's warm source; the message names the setting."""
+
+
+def materialise_warm_source(root: Path, params: Params, model: str, shipped: str) -> str:
+    """On a fan-out worker: make `artifacts/warm/<model>` exactly the coordinator's, from its `source.json`
+    text (`shipped`, in the work order) — the named checkpoint is copied from `registry.artifact_root`,
+    which must be storage every worker mounts at the same path, and verified against the record. Same
+    bytes, so DVC's run-cache key for `train@<model>` is the coordinator's. Returns one line, as
+    `resolve_warm_sources` does."""
+    root = Path(root)
+    warm_dir = Layout(root).warm_dir(validate_name(model, "model name"))
+    warm_dir.parent.mkdir(parents=True, exist_ok=True)
+    with workspace_lock(root):
+        with tempfile.TemporaryDirectory(dir=warm_dir.parent, prefix=".shipped-") as tmp:
+            (Path(tmp) / SOURCE_FILE).write_text(shipped, encoding="utf-8")
+            source = read_source(Path(tmp))  # CheckpointError when the shipped record is damaged
+        if source.version is None:
+            write_none(warm_dir, source.reason or "")
+            line = f"{model}: none ({source.reason})"
+        else:
+            where = artifact_root(params.registry.artifact_root, root)
+            try:
+                directory = ArtifactStore(where).verify(source.artifact_sha256 or "")
+            except ArtifactIntegrityError as err:
+                raise WarmSourceUnavailable(
+                    f"{model} starts from registry v{source.version}, which this worker cannot read ({err}): "
+                    f"registry.artifact_root ({params.registry.artifact_root}) must be storage every worker "
+                    "mounts at the same absolute path, or set train.init: cold") from err
+            files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+            write_source(warm_dir, source.version, source.artifact_sha256 or "", files, directory)
+            line = f"{model}: v{source.version}"
+        if (warm_dir / SOURCE_FILE).read_text(encoding="utf-8") != shipped:
+            raise WarmSourceUnavailable(f"{model}: the artifact of v{source.version} in this worker's "
+                                        f"registry.artifact_root does not match the coordinator's record")
+    log.info("warm source %s (from the work order)", line)
+    return line
 
 
 def _champion(root: Path, params: Params) -> tuple[VersionInfo, Path, list] | None:

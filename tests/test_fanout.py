@@ -20,27 +20,37 @@ def params(overrides: dict | None = None):
     return parse_params(merge_params(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()), overrides or {}))
 
 
+WARM = "artifacts/warm/sasrec/source.json"
+
+
 def test_work_order_parameters_round_trip_and_validation():
-    order = fanout.WorkOrder("sasrec", SHA, {"params.yaml": "models: [sasrec]\n", "dvc.lock": "schema: '2.0'\n"})
+    order = fanout.WorkOrder("sasrec", SHA, {"params.yaml": "models: [sasrec]\n", "dvc.lock": "schema: '2.0'\n",
+                                            WARM: "{}\n"})
     assert fanout.WorkOrder(**order.parameters()) == order
+    assert fanout.warm_source_file("sasrec") == WARM
     with pytest.raises(ConfigError, match="40-digit"):
-        fanout.WorkOrder("sasrec", "HEAD", {"params.yaml": ""})
+        fanout.WorkOrder("sasrec", "HEAD", {"params.yaml": "", WARM: ""})
     with pytest.raises(ConfigError, match="only"):
-        fanout.WorkOrder("sasrec", SHA, {"params.yaml": "", "data/x.parquet": ""})
-    with pytest.raises(ConfigError, match="params.yaml is missing"):
+        fanout.WorkOrder("sasrec", SHA, {"params.yaml": "", WARM: "", "data/x.parquet": ""})
+    with pytest.raises(ConfigError, match="only"):  # another model's warm source is not this order's
+        fanout.WorkOrder("sasrec", SHA, {"params.yaml": "", WARM: "", "artifacts/warm/bert4rec/source.json": ""})
+    with pytest.raises(ConfigError, match=r"\['params.yaml', 'artifacts/warm/sasrec/source.json'\] missing"):
         fanout.WorkOrder("sasrec", SHA, {})
     with pytest.raises(ConfigError, match="model name"):
         fanout.WorkOrder("../etc", SHA, {"params.yaml": ""})
 
 
-def test_fan_out_refuses_force_and_warm_starts_with_the_setting_to_change():
+def test_fan_out_refuses_force_and_warm_starts_from_a_workspace_artifact_store(tmp_path):
     fanout.check_fan_out(params(), ["mostpop", "sasrec"], force=False)  # the default (cold) is fine
     with pytest.raises(ConfigError, match="--force cannot be combined with fan_out"):
         fanout.check_fan_out(params(), ["sasrec"], force=True)
     warm = params({"sasrec": {"train": {"init": "auto"}}})
-    with pytest.raises(ConfigError, match=r"train.init: cold for \['sasrec'\]"):
+    with pytest.raises(ConfigError, match=r"warm or auto \(\['sasrec'\]\) needs registry.artifact_root .* "
+                                          r"it is 'registry/artifacts'"):
         fanout.check_fan_out(warm, ["mostpop", "sasrec", "bert4rec"], force=False)
     fanout.check_fan_out(warm, ["mostpop", "bert4rec"], force=False)  # only the models being trained count
+    shared = params({"sasrec": {"train": {"init": "auto"}}, "registry": {"artifact_root": str(tmp_path)}})
+    fanout.check_fan_out(shared, ["mostpop", "sasrec"], force=False)  # storage every worker mounts
 
 
 def test_code_paths_are_the_model_stages_code_deps_and_dvc_yaml():
@@ -82,8 +92,13 @@ def test_work_order_needs_a_prepare_entry_and_ships_params_and_lock(tmp_path):
     with pytest.raises(ConfigError, match="dvc repro prepare"):
         fanout.work_order(tmp_path, "sasrec", SHA)
     (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"prepare": {"cmd": "x"}}}))
+    with pytest.raises(ConfigError, match="source.json is missing: run `recsys warm`"):
+        fanout.work_order(tmp_path, "sasrec", SHA)
+    (tmp_path / WARM).parent.mkdir(parents=True)
+    (tmp_path / WARM).write_text('{"source": null}\n')
     order = fanout.work_order(tmp_path, "sasrec", SHA)
-    assert set(order.files) == {"params.yaml", "dvc.lock"} and order.files["params.yaml"] == "models: [sasrec]\n"
+    assert set(order.files) == {"params.yaml", "dvc.lock", WARM}
+    assert order.files["params.yaml"] == "models: [sasrec]\n" and order.files[WARM] == '{"source": null}\n'
 
 
 def test_head_commit_outside_git_is_a_user_error(tmp_path):
@@ -145,7 +160,7 @@ def fake_runs(monkeypatch):
 
 
 def orders(*models):
-    return [fanout.WorkOrder(m, SHA, {"params.yaml": ""}) for m in models]
+    return [fanout.WorkOrder(m, SHA, {"params.yaml": "", fanout.warm_source_file(m): ""}) for m in models]
 
 
 def test_a_crashed_run_is_handed_out_again_and_a_failed_one_is_not(fake_runs):

@@ -166,3 +166,48 @@ def test_recsys_warm_and_the_registry_commands_say_how_a_version_started(tmp_pat
     assert "init" in listing[0] and f"warm from v{first}" in listing[-1] and "cold" in listing[-2]
     history = runner.invoke(registry_app, ["history", *params]).output.splitlines()
     assert re.search(rf"promoted +v{warm} +warm from v{first} ", history[-1]), history[-1]
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_fan_out_worker_puts_the_coordinators_warm_source_in_place_byte_for_byte(tmp_path):
+    """The coordinator ships each model's source.json; a worker (a clean clone: no registry database) copies
+    the named checkpoint from the shared artifact store, so `train@<model>`'s inputs — and DVC's run-cache
+    key — are the coordinator's."""
+    from recsys.warm_source import materialise_warm_source
+
+    shared = tmp_path / "shared-artifacts"  # storage every machine mounts at the same absolute path
+    coordinator = workspace(tmp_path / "coordinator", "auto")
+    params = yaml.safe_load((coordinator / "params.yaml").read_text())
+    params["registry"]["artifact_root"] = str(shared)
+    (coordinator / "params.yaml").write_text(yaml.safe_dump(params))
+    version = champion(coordinator)
+    resolve(coordinator)
+    worker = tmp_path / "worker"
+    worker.mkdir()
+    (worker / "params.yaml").write_text((coordinator / "params.yaml").read_text())  # shipped as is
+    for model in ("sasrec", "bert4rec", "mostpop"):
+        shipped = (Layout(coordinator).warm_dir(model) / SOURCE_FILE).read_text()
+        line = materialise_warm_source(worker, load_params(worker / "params.yaml"), model, shipped)
+        assert tree(Layout(worker).warm_dir(model)) == tree(Layout(coordinator).warm_dir(model))
+        assert line.startswith(f"{model}: v{version}" if model == "sasrec" else f"{model}: none")
+    assert (Layout(worker).warm_dir("sasrec") / CHECKPOINT).is_dir()
+    assert not (worker / "registry").exists()  # the worker never opened a registry database
+
+
+def test_a_worker_that_cannot_read_the_artifact_store_stops_with_the_setting(tmp_path):
+    from recsys.warm_source import WarmSourceUnavailable, materialise_warm_source
+
+    coordinator = workspace(tmp_path / "coordinator", "warm")
+    champion(coordinator)
+    resolve(coordinator)
+    shipped = (Layout(coordinator).warm_dir("sasrec") / SOURCE_FILE).read_text()
+    worker = workspace(tmp_path / "worker", "warm")  # artifact_root: its own (empty) registry/artifacts
+    with pytest.raises(WarmSourceUnavailable, match=r"cannot read .*registry.artifact_root \(registry/artifacts\) "
+                                                    r"must be storage every worker mounts"):
+        materialise_warm_source(worker, load_params(worker / "params.yaml"), "sasrec", shipped)
+    # Nothing half-written: no record without its checkpoint, no temporary left in artifacts/warm.
+    assert not Layout(worker).warm_dir("sasrec").exists()
+    assert [p.name for p in Layout(worker).warm_dir("sasrec").parent.iterdir()] == []

@@ -64,7 +64,7 @@ from recsys.registry.records import (
     per_user_map,
     read_meta,
 )
-from recsys.registry.store import ArtifactStore, StoredArtifact
+from recsys.registry.store import ArtifactStore, StoredArtifact, artifact_root
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +469,4 @@ def open_registry(
     except BaseException:
         engine.dispose()
         raise
-    artifact_root = Path(config.artifact_root)
-    if not artifact_root.is_absolute():
-        artifact_root = repo_root / artifact_root
-    return Registry(engine, ArtifactStore(artifact_root), config.model_name, gate)
+    return Registry(engine, ArtifactStore(artifact_root(config.artifact_root, repo_root)), config.model_name, gate)

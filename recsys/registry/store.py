@@ -98,6 +98,12 @@ def check_hex(sha256: str) -> str:
     return sha256
 
 
+def artifact_root(setting: str, repo_root: Path) -> Path:
+    """`registry.artifact_root` as a directory: relative settings live under the repository root."""
+    path = Path(setting)
+    return path if path.is_absolute() else Path(repo_root) / path
+
+
 class ArtifactStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
