@@ -151,7 +151,9 @@ def micro_batches(lengths: np.ndarray, parts: int, terms: np.ndarray | None = No
     `loss_terms`) — so Σ weight × mean loss of each micro-batch is the step's mean loss over all its terms:
     accumulating those gradients gives the step one batch would, with the padding of length-sorted batches.
     (BERT4Rec draws its masked positions per micro-batch; its weights are their expected share.)"""
-    if len(lengths) and np.any(np.diff(lengths) < 0):
+    if parts < 1 or len(lengths) == 0:
+        raise ValueError(f"micro_batches needs parts >= 1 and at least one row, got {parts} and {len(lengths)}")
+    if np.any(np.diff(lengths) < 0):
         raise ValueError("micro_batches needs the step's rows sorted by span length")
     targets = lengths - 1.0 if terms is None else np.asarray(terms, dtype=np.float64)
     total = float(targets.sum())

@@ -16,7 +16,7 @@ import torch
 from flow_support import REPO_ROOT
 from recsys.distributed import DistributedError, World, current_world, shard_batches, torchrun_session
 from recsys.entry import is_user_error
-from recsys.sequences import bucketed_batch_rows
+from recsys.sequences import bucketed_batch_rows, micro_batches, random_batch_rows
 
 # Validation NDCG@10 on the tiny data (40 validation users), 5 epochs, 13 seeds (0–9, 42–44), one process vs
 # torchrun with 2 at the same seed (same initial weights and batch plan; dropout draws and the gradient split
@@ -62,6 +62,26 @@ def test_shards_are_disjoint_cover_the_epoch_and_have_equal_step_counts(world_si
     assert set(covered) == set(range(n_rows))
     if world_size == 1:
         assert shards[0] is plan
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+@pytest.mark.parametrize("parts", [1, 4, 8])
+@pytest.mark.parametrize("n_rows,batch_size", [(130, 16), (37, 8), (3, 16), (11, 3)])
+def test_every_rank_runs_the_same_number_of_micro_batches(world_size, parts, n_rows, batch_size):
+    """Each micro-batch's backward is a DDP all-reduce: a rank running one more than another would hang the
+    run. Every step, every rank gets the same count, and no micro-batch is empty."""
+    lengths = np.random.default_rng(1).integers(2, 50, n_rows)
+    whole = random_batch_rows(lengths, batch_size, torch.Generator().manual_seed(0))
+    counts = []
+    for rank in range(world_size):
+        world = World(rank=rank, size=world_size, active=world_size > 1)
+        steps = [micro_batches(lengths[rows], world.micro_batch_count(parts, len(full)))
+                 for rows, full in zip(world.shard(whole), whole)]
+        assert all(stop > start for step in steps for start, stop, *_ in step)
+        counts.append([len(step) for step in steps])
+    assert all(c == counts[0] for c in counts)
+    if world_size == 1:  # one process: the setting itself, capped only by the rows there are
+        assert counts[0] == [min(parts, len(rows)) for rows in whole]
 
 
 def test_outside_torchrun_everything_is_one_process():

@@ -254,9 +254,11 @@ def test_bert4rec_scores_through_an_appended_mask():
     assert scores.shape[1] == N_ITEMS + 1
 
 
-def test_bert4rec_sees_every_event_of_a_trainer_batch():
+@pytest.mark.parametrize("max_len", [10, 4])
+def test_bert4rec_sees_every_event_of_a_trainer_batch(max_len):
     """The trainer zeroes a target whose input is padding; the cloze sequence must still hold each span's
-    first event (it was dropped for every span shorter than its batch's longest until session 7)."""
+    first event (it was dropped for every span shorter than its batch's longest until session 7), and
+    only the newest `max_len` of a longer span."""
     from recsys.sequences import SequenceData, TrainingTensors
 
     lengths = [7, 3, 5]
@@ -264,12 +266,28 @@ def test_bert4rec_sees_every_event_of_a_trainer_batch():
     offsets = np.r_[0, np.cumsum(lengths)]
     data = SequenceData(n_items=40, n_users=3, offsets=offsets, items=items, times=items * 60,
                         roles=np.zeros(len(items), np.int8))
-    spans = data.train_spans(max_len=10, windows="last")
+    spans = data.train_spans(max_len=max_len, windows="last")
     tensors = TrainingTensors(data, spans)
-    seq = full_sequences(tensors.batch(torch.arange(3), int(tensors.lengths.max()) - 1), max_len=10)
+    seq = full_sequences(tensors.batch(torch.arange(3), int(tensors.lengths.max()) - 1), max_len=max_len)
     for r, n in enumerate(lengths):
         row = seq[r][seq[r] > 0].tolist()
-        assert row == (np.arange(1, n + 1) + 10 * r).tolist()
+        assert row == (np.arange(1, n + 1) + 10 * r).tolist()[-max_len:]
+
+
+@pytest.mark.parametrize("mask_prob,share", [(0.2, 0.1), (0.5, 0.0), (0.05, 0.3)])
+def test_bert4rec_loss_terms_are_the_expected_masked_positions(mask_prob, share):
+    """`loss_terms` (the weights of a step's micro-batches) is the mean number of positions `cloze_mask`
+    masks in a span of n events, n capped at max_len — the fallback mask of an all-unmasked row included."""
+    model = make_model("bert4rec", mask_prob=mask_prob, last_item_share=share)
+    lengths = np.array([2, 3, 5, 9, 12, 30])  # events per span; max_len is L
+    seq = torch.zeros(len(lengths), L, dtype=torch.long)
+    for r, n in enumerate(np.minimum(lengths, L)):
+        seq[r, L - n :] = torch.arange(1, n + 1)
+    torch.manual_seed(0)
+    draws = torch.stack([model.cloze_mask(seq).sum(1) for _ in range(4000)]).float().mean(0)
+    expected = torch.from_numpy(model.loss_terms(lengths)).float()
+    assert lengths.max() > L  # the cap is exercised
+    torch.testing.assert_close(draws, expected, rtol=0.03, atol=0.03)
 
 
 def test_bert4rec_masking_never_selects_padding():

@@ -198,9 +198,13 @@ def test_micro_batches_pad_each_part_to_its_own_longest_and_weigh_it_by_its_targ
     assert sum(w for *_, w in many) == pytest.approx(1.0)
 
 
-def test_micro_batches_refuse_unsorted_rows():
+def test_micro_batches_refuse_unsorted_rows_no_rows_and_no_parts():
     with pytest.raises(ValueError, match="sorted by span length"):
         micro_batches(np.array([5, 2, 9]), 2)
+    with pytest.raises(ValueError, match="parts >= 1 and at least one row, got 0 and 3"):
+        micro_batches(np.array([2, 5, 9]), 0)
+    with pytest.raises(ValueError, match="got 2 and 0"):
+        micro_batches(np.array([], dtype=np.int64), 2)
 
 
 def test_micro_batch_count_auto_is_eight_on_cpu_and_one_on_cuda_and_a_setting_wins():

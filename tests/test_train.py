@@ -506,30 +506,56 @@ def test_schedule_settings_are_validated():
 @pytest.mark.parametrize("name", ["sasrec", "mojito", "bert4rec"])
 def test_micro_batches_take_the_same_step_as_the_whole_batch(tiny_prepared, name):
     """Without dropout (and, for BERT4Rec, with every position masked, so nothing is drawn), a step run as
-    micro-batches moves every weight exactly as the whole batch does: same gradient, less padding."""
-    from recsys.models import build_model
+    micro-batches moves every weight exactly as one plain forward/backward of the whole batch does: same
+    gradient, less padding. max_len 8 < the longest spans (9 events), so BERT4Rec's cut to max_len counts."""
     from recsys.model_configs import MODEL_CONFIGS
+    from recsys.models import build_model
     from recsys.sequences import SequenceData, TrainingTensors, micro_batches, random_batch_rows
 
-    # Nothing drawn: no dropout, no MOJITO attention noise (σ = 0), BERT4Rec masks every position.
-    overrides = {"sasrec": {}, "mojito": {"noise_init": 0.0}, "bert4rec": {"mask_prob": 1.0, "last_item_share": 0.0}}[name]
-    config = MODEL_CONFIGS[name](dim=16, n_heads=1, n_layers=1, dropout=0.0, max_len=20, **overrides)
+    # Nothing drawn: no dropout, no MOJITO attention noise (σ = 0; its FISM sample is every item while
+    # fism_items ≥ max_len), BERT4Rec masks every position.
+    overrides = {"sasrec": {}, "mojito": {"noise_init": 0.0, "fism_items": 20},
+                 "bert4rec": {"mask_prob": 1.0, "last_item_share": 0.0}}[name]
+    config = MODEL_CONFIGS[name](dim=16, n_heads=1, n_layers=1, dropout=0.0, max_len=8, **overrides)
     data = SequenceData.from_prepared(tiny_prepared)
-    tensors = TrainingTensors(data, data.train_spans(20, "all"))
+    tensors = TrainingTensors(data, data.train_spans(8, "all"))
     rows = random_batch_rows(tensors.lengths, 32, torch.Generator().manual_seed(0))[0]
-    assert len(set(tensors.lengths[rows])) > 4  # a batch of mixed lengths: the parts pad differently
+    assert len(set(tensors.lengths[rows])) > 4 and tensors.lengths[rows].max() == 9  # mixed, and some cut
     after, losses = {}, {}
-    for parts in (1, 4):
+    for parts in (None, 4):  # None: the reference, one plain step on the whole batch
         torch.manual_seed(0)
         model = build_model(name, config, data.n_items, data.n_users)
         model.fit_statistics(data.train_items())
         model.train()
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-        losses[parts] = float(optimiser_step(model, model.loss, optimizer, tensors, torch.from_numpy(rows),
-                                             micro_batches(tensors.lengths[rows], parts,
-                                                           model.loss_terms(tensors.lengths[rows]))))
+        batch_rows = torch.from_numpy(rows)
+        if parts is None:
+            loss = model.loss(tensors.batch(batch_rows, int(tensors.lengths[rows].max()) - 1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        else:
+            micro = micro_batches(tensors.lengths[rows], parts, model.loss_terms(tensors.lengths[rows]))
+            assert len(micro) == parts
+            loss = optimiser_step(model, model.loss, optimizer, tensors, batch_rows, micro)
+        losses[parts] = float(loss.detach())
         after[parts] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    assert len(micro_batches(tensors.lengths[rows], 4)) == 4
-    assert losses[4] == pytest.approx(losses[1], rel=1e-5)
-    for key, value in after[1].items():
+    assert losses[4] == pytest.approx(losses[None], rel=1e-5)
+    for key, value in after[None].items():
         torch.testing.assert_close(after[4][key], value, rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_the_trainer_learns_the_same_with_and_without_micro_batches(tiny_prepared, tiny_sasrec_config,
+                                                                    fast_train_config, tmp_path):
+    """Through the whole trainer (batch plans, warm-up, epoch loss, validation): `micro_batches` 1 and 4 give
+    the same curve when nothing is drawn at random."""
+    model_config = dataclasses.replace(tiny_sasrec_config, dropout=0.0)
+    cfg = dataclasses.replace(fast_train_config, epochs=3, batching="random", warmup_steps=3)
+    curves = {}
+    for parts in (1, 4):
+        run(tiny_prepared, model_config, dataclasses.replace(cfg, micro_batches=parts), tmp_path / str(parts))
+        curves[parts] = read_curve(tmp_path / str(parts) / "curve.csv")
+    assert len(curves[1]) == len(curves[4]) == 3
+    for a, b in zip(curves[1], curves[4]):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4)
+        assert float(a["valid_ndcg@10"]) == pytest.approx(float(b["valid_ndcg@10"]), abs=1e-4)
