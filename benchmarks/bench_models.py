@@ -123,6 +123,7 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         "best_epoch": result.best_epoch,
         "epochs_run": result.epochs_run,
         "seconds_to_best": round(result.seconds_to_best, 1),
+        "cpu_seconds_to_best": round(result.cpu_seconds_to_best, 1),
         "seconds_total": round(result.seconds, 1),
         "train_sequences_per_second": round(result.sequences_per_second, 1),
         "eval_seconds_all_users": round(ev.seconds, 3),

@@ -145,6 +145,8 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
         "epochs_run": result.epochs_run,
         "seconds_to_best": round(result.seconds_to_best, 1),
         "seconds_total": round(result.seconds, 1),
+        "cpu_seconds_to_best": round(result.cpu_seconds_to_best, 1),
+        "cpu_seconds_total": round(result.cpu_seconds, 1),
         "stopped_by": result.stopped_by,
         "items": mapping.get("items"),  # kept / new / dropped by the raw-id mapping (warm runs)
         "users": mapping.get("users"),  # MOJITO's user rows
@@ -179,6 +181,13 @@ def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
         total = [by[s, "warm"]["seconds_total"] / max(by[s, "cold"]["seconds_total"], 1e-9) for s in steps]
         capped = sorted({f"step {s} {i}" for (s, i), r in by.items() if r["stopped_by"] == "time_limit"})
         mean_ndcg, mean_best = statistics.mean(ndcg), statistics.mean(best)
+        # Process CPU seconds (rows from session 7 on) do not grow with other load on the box, wall seconds
+        # do: the time target is judged on them where every run of the pair has them.
+        cpu = None
+        if all("cpu_seconds_to_best" in by[s, i] for s in steps for i in ("warm", "cold")):
+            cpu = [by[s, "warm"]["cpu_seconds_to_best"] / max(by[s, "cold"]["cpu_seconds_to_best"], 1e-9)
+                   for s in steps]
+        judged = statistics.mean(cpu) if cpu else mean_best
         out[run] = {
             "batches": steps,
             "ndcg_ratio": [round(x, 4) for x in ndcg],
@@ -187,7 +196,9 @@ def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
             "mean_ndcg_ratio": round(mean_ndcg, 4),
             "mean_time_to_best_ratio": round(mean_best, 4),
             "mean_total_time_ratio": round(statistics.mean(total), 4),
-            "meets_target": bool(mean_ndcg >= TARGET_NDCG_RATIO and mean_best <= TARGET_TIME_RATIO),
+            "cpu_time_to_best_ratio": [round(x, 4) for x in cpu] if cpu else None,
+            "mean_cpu_time_to_best_ratio": round(statistics.mean(cpu), 4) if cpu else None,
+            "meets_target": bool(mean_ndcg >= TARGET_NDCG_RATIO and judged <= TARGET_TIME_RATIO),
             "capped_runs": capped,
         }
     return out
@@ -224,7 +235,7 @@ def render_table(records: list[dict]) -> str:
                 f"| {r['stopped_by']} "
                 f"| {mapped} | {r['load_average_before_after']} |")
     lines += ["", "| dataset | device | run | batches | warm/cold NDCG@10 (mean) "
-              "| warm/cold time to best (mean) | warm/cold total time (mean) | target ≥ 0.99 and ≤ 0.30 "
+              "| warm/cold time to best (mean; wall, and CPU where recorded: the target's judge) | warm/cold total time (mean) | target ≥ 0.99 and ≤ 0.30 "
               "| capped runs |",
               "|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
@@ -232,8 +243,9 @@ def render_table(records: list[dict]) -> str:
             lines.append(
                 f"| {rec['dataset']} | {rec['machine']['device']} | {run} | {len(s['batches'])} "
                 f"| {s['mean_ndcg_ratio']} ({', '.join(map(str, s['ndcg_ratio']))}) "
-                f"| {s['mean_time_to_best_ratio']} ({', '.join(map(str, s['time_to_best_ratio']))}) "
-                f"| {s['mean_total_time_ratio']} | {'met' if s['meets_target'] else 'not met'} "
+                f"| {s['mean_time_to_best_ratio']} ({', '.join(map(str, s['time_to_best_ratio']))})"
+                + (f"; CPU s {s['mean_cpu_time_to_best_ratio']}" if s.get("mean_cpu_time_to_best_ratio") else "")
+                + f" | {s['mean_total_time_ratio']} | {'met' if s['meets_target'] else 'not met'} "
                 f"| {', '.join(s['capped_runs']) or 'none'} |")
     return "\n".join(lines)
 

@@ -57,6 +57,10 @@ class TrainResult:
     sequences_per_second: float
     checkpoint: Path
     stopped_by: str
+    # Process CPU seconds (all threads; on CUDA the host's share only): robust to other load on a shared
+    # machine, where wall seconds are not — benchmarks compare runs with these.
+    cpu_seconds: float = 0.0
+    cpu_seconds_to_best: float = 0.0
 
 
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
@@ -173,7 +177,7 @@ def train_model(
 
     `warm_dir` is the warm source `train.init: warm | auto` starts from (recsys/warm.py; unread when cold).
     `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress)."""
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
     torch.manual_seed(cfg.seed)
@@ -228,7 +232,7 @@ def train_model(
                      run_key(model_name, model_config, cfg, fingerprint, init))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
-             "lr": lr}
+             "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
     restored = resume.load(model, optimizer, generator, device)
     if restored:
         state.update(restored)
@@ -238,6 +242,7 @@ def train_model(
     curve_rows = state["curve"]
     stopped_by = "max_epochs"
     time_offset = state["seconds"] - (time.perf_counter() - started)
+    cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
     while state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
@@ -278,6 +283,7 @@ def train_model(
         train_seconds = time.perf_counter() - epoch_start
         valid = validate(model, valid_inputs)
         now = time.perf_counter() - started + time_offset
+        cpu_now = time.process_time() - cpu_started + cpu_offset  # this rank's
         valid, now = world.from_rank0((valid, now))  # every rank decides (improved, stop) from rank 0's
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
@@ -289,7 +295,7 @@ def train_model(
                  "yes" if improved else "no", train_seconds, len(spans) / max(train_seconds, 1e-9))
         if improved:
             state.update(best=score, best_epoch=epoch, best_valid=valid, bad_epochs=0, seconds_to_best=now,
-                         since_decay=0)
+                         cpu_seconds_to_best=cpu_now, since_decay=0)
             checkpoint(epoch, valid)
         else:
             state["bad_epochs"] += 1
@@ -301,7 +307,7 @@ def train_model(
                     group["lr"] = state["lr"]
                 state["since_decay"] = 0
                 log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
-        state.update(epoch=epoch, seconds=now, curve=curve_rows)
+        state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         if world.is_main:
             resume.save(model, optimizer, generator, state)
@@ -321,6 +327,7 @@ def train_model(
         model=model_name, best_epoch=state["best_epoch"], best_valid=state["best_valid"], epochs_run=state["epoch"],
         seconds=seconds, seconds_to_best=state["seconds_to_best"],
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
+        cpu_seconds=time.process_time() - cpu_started + cpu_offset, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
 
 

@@ -26,3 +26,18 @@ def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
         configs_for(run, params)  # raises SystemExit on an unknown key
         assert base is None or base in runs, base
         assert change
+
+
+def _row(run: str, seed: int, ndcg: float, wall: float, cpu: float | None) -> dict:
+    row = {"run": run, "seed": seed, "test_ndcg@10": ndcg, "seconds_to_best": wall, "stopped_by": "early_stopping"}
+    return row if cpu is None else {**row, "cpu_seconds_to_best": cpu}
+
+
+def test_claims_compare_cpu_seconds_when_both_runs_recorded_them_else_wall_seconds():
+    base = curves.SASREC_DEFAULT_RUN
+    rows = {"mojito": [_row("mojito", 42, 0.11, 900.0, 200.0)], base: [_row(base, 42, 0.10, 300.0, 100.0)]}
+    line = curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+    assert "| 200 / 100 CPU s | 2.0 × |" in line and line.endswith("| met |")  # wall alone would say 3.0 ×
+    rows["mojito"] = [_row("mojito", 42, 0.11, 900.0, None)]  # a row from before session 7
+    line = curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+    assert "| 900 / 300 s | 3.0 × |" in line

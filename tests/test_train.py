@@ -484,6 +484,13 @@ def test_random_batching_trains_and_reaches_the_trainer(tiny_prepared, tiny_sasr
     del bucketed
 
 
+def test_a_run_reports_its_cpu_seconds_beside_its_wall_seconds(trained_sasrec):
+    result, _ = trained_sasrec
+    assert 0 < result.cpu_seconds_to_best <= result.cpu_seconds
+    # One process's CPU time: at most the wall time times the threads it may use (plus the clock's grain).
+    assert result.cpu_seconds <= result.seconds * max(torch.get_num_threads(), 1) + 0.5
+
+
 def test_min_epochs_holds_off_early_stopping(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
     # lr = 0: validation never improves after epoch 1, so patience 2 alone would stop after epoch 3.
     cfg = dataclasses.replace(fast_train_config, epochs=20, patience=2, lr=0.0, min_epochs=6)
