@@ -155,7 +155,7 @@ def retrain(
     if fan_out:  # refuse what fan-out cannot do before anything runs
         from flows.fanout import check_deployment
 
-        check_fan_out(params, selected, force)
+        check_fan_out(params, selected, force, root)
         check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):

@@ -3,9 +3,11 @@
 Deployed as `train-model/worker` (prefect.yaml) with a `git_clone` pull step, so every run starts from a
 clean clone; the retrain flow calls it through `run_deployment` with a `recsys.fanout.WorkOrder`'s
 parameters. The run checks out the coordinator's commit, writes its params.yaml and dvc.lock, pulls the
-prepared dataset from the DVC remote, reproduces `train@<model>` and `evaluate@<model>`, and pushes the
-outputs and DVC's run-cache, from which the coordinator restores them. The worker needs the DVC remote's
-credentials (README, *Scaling out*), never the registry.
+prepared dataset from the DVC remote, puts the model's warm source in place (the checkpoint the shipped
+record names, copied from the shared `registry.artifact_root`), reproduces `train@<model>` and
+`evaluate@<model>`, and pushes the outputs and DVC's run-cache, from which the coordinator restores them.
+The worker needs the DVC remote's credentials (README, *Scaling out*) and, for warm starts, the artifact
+root's mount; never the registry database.
 """
 
 from __future__ import annotations

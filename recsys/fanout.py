@@ -1,9 +1,10 @@
 """Fan-out: each model's `train` + `evaluate` stages reproduced on a worker, shared through the DVC remote.
 
 The coordinator (the retrain flow with `fan_out` set) runs `prepare` and pushes it, then hands each stale
-model to a worker as a `WorkOrder`: the git commit to check out and the two files a checkout of it lacks
-(params.yaml as the coordinator runs it, with any epochs override, and dvc.lock, which says which prepared
-dataset to pull). A worker, starting from a clean clone, checks out the commit, writes those files, pulls the
+model to a worker as a `WorkOrder`: the git commit to check out and the files a checkout of it lacks
+(params.yaml as the coordinator runs it, with any epochs override; dvc.lock, which says which prepared
+dataset to pull; the model's warm source record, which says which registry checkpoint — read from the shared
+`registry.artifact_root` — it starts from, if any). A worker, starting from a clean clone, checks out the commit, writes those files, pulls the
 prepared dataset, writes the model's warm source (the coordinator's, shipped too), reproduces `train@<model>` and `evaluate@<model>` and
 pushes their outputs and its run-cache. Same code, same params, same inputs: the run-cache key DVC computes
 on the coordinator (`cmd`, every dependency's hash, the params' values, the output paths) is the worker's,
@@ -27,8 +28,8 @@ from typing import Any, Iterable
 import yaml
 
 from recsys.config import ConfigError, Params, load_params, validate_name
-from recsys.layout import PARAMS, WARM_DIR, Layout
-from recsys.warm import SOURCE_FILE
+from recsys.layout import PARAMS, WARM_DIR, WARM_SOURCE_FILE, Layout
+from recsys.model_configs import TRAINABLE
 from recsys.workspace import DvcError, StageError, run_dvc
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class WorkerLostError(DvcError):
 def warm_source_file(model: str) -> str:
     """The model's warm source record, relative to the root: the coordinator resolves it (`recsys.warm_source`)
     and ships it, so a worker starts from the same champion — or from nothing, for the same reason."""
-    return f"{WARM_DIR.format(model=validate_name(model, 'model name'))}/{SOURCE_FILE}"
+    return f"{WARM_DIR.format(model=validate_name(model, 'model name'))}/{WARM_SOURCE_FILE}"
 
 
 def model_stages(model: str) -> list[str]:
@@ -90,18 +91,22 @@ class WorkOrder:
         return {"model": self.model, "commit": self.commit, "files": dict(self.files)}
 
 
-def check_fan_out(params: Params, models: Iterable[str], force: bool) -> None:
+def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path | None = None) -> None:
     """Refuse what fan-out cannot do faithfully, before anything runs, with the setting that fixes it."""
     if force:
         raise ConfigError("--force cannot be combined with fan_out: a forced run skips DVC's run-cache, which is "
                           "how the workers' results reach this workspace; run without fan_out to force, or "
                           "change what should retrain (data, params, code)")
-    warm = [m for m in models if params.train_config(m).init != "cold"]
-    if warm and not Path(params.registry.artifact_root).is_absolute():
+    warm = [m for m in models if TRAINABLE.get(m, False) and params.train_config(m).init != "cold"]
+    store = Path(params.registry.artifact_root)
+    inside = not store.is_absolute() or (
+        root is not None and store.resolve().is_relative_to(Path(root).resolve()))
+    if warm and inside:
         raise ConfigError(f"fan_out with train.init warm or auto ({warm}) needs registry.artifact_root to be "
-                          "storage every worker mounts at the same absolute path (the workers copy the champion's "
-                          f"weights from it); it is {params.registry.artifact_root!r}, inside this workspace, which a "
-                          "worker's clone lacks: set it, or train.init: cold, or run without fan_out")
+                          "storage every worker mounts at the same absolute path, outside the workspace (the "
+                          f"workers copy the champion's weights from it); {params.registry.artifact_root!r} is "
+                          "in this workspace, which a worker's clone lacks: set it, or train.init: cold, or run "
+                          "without fan_out")
 
 
 def head_commit(root: Path) -> str:

@@ -24,6 +24,7 @@ MODEL_DIR = "artifacts/models/{model}"
 # The checkpoint a `train.init: warm | auto` run starts from (recsys/warm.py), written before `dvc repro` by
 # `recsys warm`, `recsys bootstrap` and the retrain flow; a dependency of train@<model> in dvc.yaml.
 WARM_DIR = "artifacts/warm/{model}"
+WARM_SOURCE_FILE = "source.json"  # in WARM_DIR: what the warm source is (recsys/warm.py)
 EVAL_DIR = "artifacts/eval/{model}"
 PER_USER = "artifacts/eval/{model}/per_user.parquet"
 METRICS = "metrics/{model}.json"

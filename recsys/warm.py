@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from recsys.checkpoint import CheckpointError, read_meta, replace_dir
 from recsys.config import ConfigError, TrainConfig
+from recsys.layout import WARM_SOURCE_FILE
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE_FILE = "source.json"
+SOURCE_FILE = WARM_SOURCE_FILE
 CHECKPOINT = "checkpoint"
 FORMAT_VERSION = 1
 # Why there is nothing to start from, as `recsys.warm_source` records it. These stay the same while the
@@ -104,9 +105,13 @@ def write_source(warm_dir: Path, version: int, artifact_sha256: str, files: Sequ
 
 
 def _write(warm_dir: Path, source: WarmSource, checkpoint_dir: Path | None) -> bool:
-    text = json.dumps(source.record(), indent=2, sort_keys=True) + "\n"
+    text = source_text(source)
     path = warm_dir / SOURCE_FILE
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
+    # Already in place only when nothing else is there either: DVC hashes the whole directory, and a fan-out
+    # worker's copy holds exactly these entries.
+    expected = {SOURCE_FILE, CHECKPOINT} if checkpoint_dir is not None else {SOURCE_FILE}
+    if (path.is_file() and path.read_text(encoding="utf-8") == text
+            and {p.name for p in warm_dir.iterdir()} == expected):
         try:
             check_files(warm_dir, source.files)
             return False
@@ -135,8 +140,18 @@ def read_source(warm_dir: Path | None) -> WarmSource:
     if not (Path(warm_dir) / SOURCE_FILE).is_file():
         return WarmSource(reason=f"there is no warm source at {warm_dir} (`recsys warm` writes it)")
     path = Path(warm_dir) / SOURCE_FILE
+    return parse_source(path.read_text(encoding="utf-8"), path)
+
+
+def source_text(source: WarmSource) -> str:
+    """`source.json`'s exact text for `source` (DVC hashes these bytes)."""
+    return json.dumps(source.record(), indent=2, sort_keys=True) + "\n"
+
+
+def parse_source(text: str, path: Path) -> WarmSource:
+    """A `source.json` text (read from `path`, or shipped in a fan-out work order) as a checked WarmSource."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(text)
         if raw.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported format {raw.get('format_version')!r}")
         if raw.get("source") is None:
@@ -146,7 +161,7 @@ def read_source(warm_dir: Path | None) -> WarmSource:
                             tuple((str(n), int(s), str(d)) for n, s, d in src["files"]))
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{path} is damaged ({err}); run `recsys warm` to write it again") from err
-    _check_record(source, Path(warm_dir))
+    _check_record(source, path.parent)
     return source
 
 

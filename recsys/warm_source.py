@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +24,9 @@ from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
 from recsys.registry import NotFoundError, VersionInfo, open_registry
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
-from recsys.warm import SOURCE_FILE, WRITTEN_COLD, WarmSource, read_source, write_none, write_source
+from recsys.warm import (
+    SOURCE_FILE, WRITTEN_COLD, WarmSource, parse_source, read_source, source_text, write_none, write_source,
+)
 from recsys.workspace import data_version, workspace_lock
 
 log = logging.getLogger(__name__)
@@ -57,33 +58,40 @@ def materialise_warm_source(root: Path, params: Params, model: str, shipped: str
     """On a fan-out worker: make `artifacts/warm/<model>` exactly the coordinator's, from its `source.json`
     text (`shipped`, in the work order) — the named checkpoint is copied from `registry.artifact_root`,
     which must be storage every worker mounts at the same path, and verified against the record. Same
-    bytes, so DVC's run-cache key for `train@<model>` is the coordinator's. Returns one line, as
-    `resolve_warm_sources` does."""
+    bytes, so DVC's run-cache key for `train@<model>` is the coordinator's. Everything is checked before
+    anything is written. Returns one line, as `resolve_warm_sources` does."""
     root = Path(root)
     warm_dir = Layout(root).warm_dir(validate_name(model, "model name"))
-    warm_dir.parent.mkdir(parents=True, exist_ok=True)
+    where = f"the work order's warm source record for {model}"
+    try:
+        source = parse_source(shipped, warm_dir / SOURCE_FILE)
+    except CheckpointError as err:
+        raise WarmSourceUnavailable(f"{where} is damaged ({err.__cause__ or err}); the coordinator writes it "
+                                    "with `recsys warm`") from err
+    if source_text(source) != shipped:
+        raise WarmSourceUnavailable(f"{where} is not as this commit writes it (another recsys version on the "
+                                    "coordinator?); run both from the same commit")
     with workspace_lock(root):
-        with tempfile.TemporaryDirectory(dir=warm_dir.parent, prefix=".shipped-") as tmp:
-            (Path(tmp) / SOURCE_FILE).write_text(shipped, encoding="utf-8")
-            source = read_source(Path(tmp))  # CheckpointError when the shipped record is damaged
         if source.version is None:
             write_none(warm_dir, source.reason or "")
             line = f"{model}: none ({source.reason})"
         else:
-            where = artifact_root(params.registry.artifact_root, root)
+            store = artifact_root(params.registry.artifact_root, root)
             try:
-                directory = ArtifactStore(where).verify(source.artifact_sha256 or "")
+                directory = ArtifactStore(store).verify(source.artifact_sha256 or "")
+                files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
             except ArtifactIntegrityError as err:
                 raise WarmSourceUnavailable(
                     f"{model} starts from registry v{source.version}, which this worker cannot read ({err}): "
                     f"registry.artifact_root ({params.registry.artifact_root}) must be storage every worker "
                     "mounts at the same absolute path, or set train.init: cold") from err
-            files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+            stored = WarmSource(source.version, source.artifact_sha256,
+                                tuple((str(n), int(z), str(d)) for n, z, d in files))
+            if source_text(stored) != shipped:
+                raise WarmSourceUnavailable(f"{model}: the artifact of v{source.version} in {store} lists other "
+                                            "files than the coordinator's record")
             write_source(warm_dir, source.version, source.artifact_sha256 or "", files, directory)
             line = f"{model}: v{source.version}"
-        if (warm_dir / SOURCE_FILE).read_text(encoding="utf-8") != shipped:
-            raise WarmSourceUnavailable(f"{model}: the artifact of v{source.version} in this worker's "
-                                        f"registry.artifact_root does not match the coordinator's record")
     log.info("warm source %s (from the work order)", line)
     return line
 

@@ -46,11 +46,17 @@ def test_fan_out_refuses_force_and_warm_starts_from_a_workspace_artifact_store(t
         fanout.check_fan_out(params(), ["sasrec"], force=True)
     warm = params({"sasrec": {"train": {"init": "auto"}}})
     with pytest.raises(ConfigError, match=r"warm or auto \(\['sasrec'\]\) needs registry.artifact_root .* "
-                                          r"it is 'registry/artifacts'"):
+                                          r"'registry/artifacts' is in this workspace"):
         fanout.check_fan_out(warm, ["mostpop", "sasrec", "bert4rec"], force=False)
     fanout.check_fan_out(warm, ["mostpop", "bert4rec"], force=False)  # only the models being trained count
-    shared = params({"sasrec": {"train": {"init": "auto"}}, "registry": {"artifact_root": str(tmp_path)}})
-    fanout.check_fan_out(shared, ["mostpop", "sasrec"], force=False)  # storage every worker mounts
+    counting = params({"train": {"init": "auto"}, "sasrec": {"train": {"init": "cold"}}})
+    fanout.check_fan_out(counting, ["mostpop", "sasrec"], force=False)  # MostPop never reads weights
+    shared = params({"sasrec": {"train": {"init": "auto"}}, "registry": {"artifact_root": str(tmp_path / "nfs")}})
+    fanout.check_fan_out(shared, ["mostpop", "sasrec"], force=False, root=tmp_path / "repo")  # outside: fine
+    absolute_inside = params({"sasrec": {"train": {"init": "auto"}},
+                              "registry": {"artifact_root": str(tmp_path / "repo" / "registry")}})
+    with pytest.raises(ConfigError, match="is in this workspace"):
+        fanout.check_fan_out(absolute_inside, ["sasrec"], force=False, root=tmp_path / "repo")
 
 
 def test_code_paths_are_the_model_stages_code_deps_and_dvc_yaml():

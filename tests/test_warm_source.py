@@ -204,10 +204,43 @@ def test_a_worker_that_cannot_read_the_artifact_store_stops_with_the_setting(tmp
     champion(coordinator)
     resolve(coordinator)
     shipped = (Layout(coordinator).warm_dir("sasrec") / SOURCE_FILE).read_text()
-    worker = workspace(tmp_path / "worker", "warm")  # artifact_root: its own (empty) registry/artifacts
-    with pytest.raises(WarmSourceUnavailable, match=r"cannot read .*registry.artifact_root \(registry/artifacts\) "
+    worker = workspace(tmp_path / "worker", "warm")
+    params = yaml.safe_load((worker / "params.yaml").read_text())
+    params["registry"]["artifact_root"] = str(tmp_path / "not-mounted")  # absolute, but not there
+    (worker / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(WarmSourceUnavailable, match=r"cannot read .*registry.artifact_root \(/.*not-mounted\) "
                                                     r"must be storage every worker mounts"):
         materialise_warm_source(worker, load_params(worker / "params.yaml"), "sasrec", shipped)
-    # Nothing half-written: no record without its checkpoint, no temporary left in artifacts/warm.
-    assert not Layout(worker).warm_dir("sasrec").exists()
-    assert [p.name for p in Layout(worker).warm_dir("sasrec").parent.iterdir()] == []
+    # Nothing half-written: no record without its checkpoint, no temporary left behind.
+    assert not (worker / "artifacts").exists()
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda text: text[: len(text) // 2], "is damaged"),
+    (lambda text: text.replace('"artifact_sha256": "', '"artifact_sha256": "../'), "is damaged"),
+    (lambda text: json.dumps(json.loads(text)) + "\n", "is not as this commit writes it"),
+])
+def test_a_damaged_or_foreign_shipped_record_stops_the_worker_before_anything_is_written(tmp_path, damage,
+                                                                                          message):
+    from recsys.warm_source import WarmSourceUnavailable, materialise_warm_source
+
+    coordinator = workspace(tmp_path / "coordinator", "warm")
+    champion(coordinator)
+    resolve(coordinator)
+    shipped = damage((Layout(coordinator).warm_dir("sasrec") / SOURCE_FILE).read_text())
+    worker = workspace(tmp_path / "worker", "warm")
+    with pytest.raises(WarmSourceUnavailable, match=f"the work order's warm source record for sasrec {message}"):
+        materialise_warm_source(worker, load_params(worker / "params.yaml"), "sasrec", shipped)
+    assert not (worker / "artifacts").exists()
+
+
+def test_a_stray_file_in_a_warm_source_is_cleared_by_the_next_resolve(tmp_path):
+    """DVC hashes the whole directory, and a fan-out worker's copy holds only the record and checkpoint: a
+    stray file (an editor's swap file) must not survive `recsys warm` as if the source were in place."""
+    root = workspace(tmp_path / "repo", "auto")
+    champion(root)
+    resolve(root)
+    warm_dir = Layout(root).warm_dir("sasrec")
+    (warm_dir / ".source.json.swp").write_text("x")
+    resolve(root)
+    assert sorted(p.name for p in warm_dir.iterdir()) == [CHECKPOINT, SOURCE_FILE]
