@@ -41,8 +41,9 @@ def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: 
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=(0.9, 0.98))
     tensors = TrainingTensors(data, data.train_spans(model_config.max_len, train_config.windows))
     plan = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0), batching)
+    terms = model.loss_terms(tensors.lengths)
     slots = sum((stop - start) * width for rows in plan
-                for start, stop, width, _ in micro_batches(tensors.lengths[rows], micro))
+                for start, stop, width, _ in micro_batches(tensors.lengths[rows], micro, terms[rows]))
     real = int(sum((tensors.lengths[rows] - 1).sum() for rows in plan))
     started = time.process_time()
     train_steps(model, optimizer, tensors, plan, torch.device("cpu"), micro)

@@ -43,10 +43,11 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
     before returning)."""
     model.train()
     parts = micro_batch_count(micro_batches_setting, device)
+    terms = model.loss_terms(tensors.lengths)
     sequences = 0
     for rows in batches:
         optimiser_step(model, model.loss, optimizer, tensors, torch.from_numpy(rows).to(device),
-                       micro_batches(tensors.lengths[rows], parts, model.loss_terms(tensors.lengths[rows])))
+                       micro_batches(tensors.lengths[rows], parts, terms[rows]))
         sequences += len(rows)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -4,11 +4,12 @@ The coordinator (the retrain flow with `fan_out` set) runs `prepare` and pushes 
 model to a worker as a `WorkOrder`: the git commit to check out and the files a checkout of it lacks
 (params.yaml as the coordinator runs it, with any epochs override; dvc.lock, which says which prepared
 dataset to pull; the model's warm source record, which says which registry checkpoint — read from the shared
-`registry.artifact_root` — it starts from, if any). A worker, starting from a clean clone, checks out the commit, writes those files, pulls the
-prepared dataset, writes the model's warm source (the coordinator's, shipped too), reproduces `train@<model>` and `evaluate@<model>` and
-pushes their outputs and its run-cache. Same code, same params, same inputs: the run-cache key DVC computes
-on the coordinator (`cmd`, every dependency's hash, the params' values, the output paths) is the worker's,
-so the coordinator's own `dvc repro --pull` restores every stage from the bucket instead of training.
+`registry.artifact_root` — it starts from, if any). A worker, starting from a clean clone, checks out the
+commit, writes those files, pulls the prepared dataset, puts that warm source in place, reproduces
+`train@<model>` and `evaluate@<model>` and pushes their outputs and its run-cache. Same code, same params,
+same inputs: the run-cache key DVC computes on the coordinator (`cmd`, every dependency's hash, the params'
+values, the output paths) is the worker's, so the coordinator's own `dvc repro --pull` restores every stage
+from the bucket instead of training.
 
 Nothing here depends on a worker's disk surviving: an order is complete in its parameters, the worker's
 checkout is thrown away, and a lost worker's order is simply handed out again.
@@ -30,6 +31,7 @@ import yaml
 from recsys.config import ConfigError, Params, load_params, validate_name
 from recsys.layout import PARAMS, WARM_DIR, WARM_SOURCE_FILE, Layout
 from recsys.model_configs import TRAINABLE
+from recsys.registry.store import artifact_root
 from recsys.workspace import DvcError, StageError, run_dvc
 
 log = logging.getLogger(__name__)
@@ -98,9 +100,9 @@ def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path
                           "how the workers' results reach this workspace; run without fan_out to force, or "
                           "change what should retrain (data, params, code)")
     warm = [m for m in models if TRAINABLE.get(m, False) and params.train_config(m).init != "cold"]
-    store = Path(params.registry.artifact_root)
-    inside = not store.is_absolute() or (
-        root is not None and store.resolve().is_relative_to(Path(root).resolve()))
+    setting = params.registry.artifact_root
+    inside = (not Path(setting).is_absolute() if root is None
+              else artifact_root(setting, root).resolve().is_relative_to(Path(root).resolve()))
     if warm and inside:
         raise ConfigError(f"fan_out with train.init warm or auto ({warm}) needs registry.artifact_root to be "
                           "storage every worker mounts at the same absolute path, outside the workspace (the "

@@ -141,21 +141,20 @@ def micro_batch_count(setting: int, device: torch.device) -> int:
     return 1 if device.type == "cuda" else MICRO_BATCHES_CPU
 
 
-def micro_batches(lengths: np.ndarray, parts: int, terms: np.ndarray | None = None,
-                  ) -> list[tuple[int, int, int, float]]:
+def micro_batches(lengths: np.ndarray, parts: int, terms: np.ndarray) -> list[tuple[int, int, int, float]]:
     """One optimiser step's rows, sorted by span length (`lengths`, events per span), as up to `parts`
     contiguous micro-batches: (start, stop, input width, weight) each.
 
     A micro-batch is padded only to its own longest span, and its weight is its share of the step's loss
-    terms — `terms` per row, by default the next-item targets (a span of n events holds n - 1; a model's
-    `loss_terms`) — so Σ weight × mean loss of each micro-batch is the step's mean loss over all its terms:
+    terms — `terms` per row, the model's `loss_terms` (next-item models: a span of n events holds n - 1
+    targets) — so Σ weight × mean loss of each micro-batch is the step's mean loss over all its terms:
     accumulating those gradients gives the step one batch would, with the padding of length-sorted batches.
     (BERT4Rec draws its masked positions per micro-batch; its weights are their expected share.)"""
     if parts < 1 or len(lengths) == 0:
         raise ValueError(f"micro_batches needs parts >= 1 and at least one row, got {parts} and {len(lengths)}")
     if np.any(np.diff(lengths) < 0):
         raise ValueError("micro_batches needs the step's rows sorted by span length")
-    targets = lengths - 1.0 if terms is None else np.asarray(terms, dtype=np.float64)
+    targets = np.asarray(terms, dtype=np.float64)
     total = float(targets.sum())
     bounds = np.linspace(0, len(lengths), min(parts, len(lengths)) + 1).round().astype(int)
     return [(int(lo), int(hi), int(lengths[hi - 1]) - 1, float(targets[lo:hi].sum()) / total)

@@ -239,6 +239,7 @@ def train_model(
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
     loss_fn = world.loss_fn(model, device)
     parts = micro_batch_count(cfg.micro_batches, device)
+    terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = "max_epochs"
     time_offset = state["seconds"] - (time.perf_counter() - started)
@@ -252,8 +253,7 @@ def train_model(
         # inside the loop nothing waits for the device (the loss is summed there and read once per epoch).
         whole = batch_rows(tensors.lengths, cfg.batch_size, generator, cfg.batching)
         plan = world.shard(whole)
-        steps = [micro_batches(tensors.lengths[rows], world.micro_batch_count(parts, len(full)),
-                               model.loss_terms(tensors.lengths[rows]))
+        steps = [micro_batches(tensors.lengths[rows], world.micro_batch_count(parts, len(full)), terms[rows])
                  for rows, full in zip(plan, whole)]  # per step: (start, stop, width, weight) per micro-batch
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])

@@ -78,8 +78,7 @@ def materialise_warm_source(root: Path, params: Params, model: str, shipped: str
         else:
             store = artifact_root(params.registry.artifact_root, root)
             try:
-                directory = ArtifactStore(store).verify(source.artifact_sha256 or "")
-                files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+                directory, files = _verified(ArtifactStore(store), source.artifact_sha256 or "")
             except ArtifactIntegrityError as err:
                 raise WarmSourceUnavailable(
                     f"{model} starts from registry v{source.version}, which this worker cannot read ({err}): "
@@ -103,9 +102,14 @@ def _champion(root: Path, params: Params) -> tuple[VersionInfo, Path, list] | No
             info = registry.champion_info()
         except NotFoundError:
             return None
-        directory = registry.store.verify(info.artifact_sha256)  # ArtifactIntegrityError if tampered with
-        files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
-        return info, directory, files
+        return info, *_verified(registry.store, info.artifact_sha256)
+
+
+def _verified(store: ArtifactStore, sha256: str) -> tuple[Path, list]:
+    """A stored artifact's directory, re-hashed (ArtifactIntegrityError if tampered with or missing), and its
+    manifest's [name, size, sha256] listing."""
+    directory = store.verify(sha256)
+    return directory, json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
 
 
 def _resolve(root: Path, params: Params, model: str, trainable: bool,

@@ -188,23 +188,23 @@ def test_random_batches_are_a_uniform_partition_sorted_by_length_within_each_bat
 
 def test_micro_batches_pad_each_part_to_its_own_longest_and_weigh_it_by_its_targets():
     lengths = np.array([2, 3, 3, 5, 9, 10, 20])  # events per span, sorted: 1, 2, 2, 4, 8, 9, 19 targets
-    parts = micro_batches(lengths, 3)
+    parts = micro_batches(lengths, 3, lengths - 1)
     assert [(start, stop, width) for start, stop, width, _ in parts] == [(0, 2, 2), (2, 5, 8), (5, 7, 19)]
     assert [w for *_, w in parts] == pytest.approx([3 / 45, 14 / 45, 28 / 45])
-    assert micro_batches(lengths, 1) == [(0, 7, 19, 1.0)]
+    assert micro_batches(lengths, 1, lengths - 1) == [(0, 7, 19, 1.0)]
     # More parts than rows: one row each, the weights still sum to one.
-    many = micro_batches(lengths, 50)
+    many = micro_batches(lengths, 50, lengths - 1)
     assert [(start, stop) for start, stop, *_ in many] == [(i, i + 1) for i in range(7)]
     assert sum(w for *_, w in many) == pytest.approx(1.0)
 
 
 def test_micro_batches_refuse_unsorted_rows_no_rows_and_no_parts():
     with pytest.raises(ValueError, match="sorted by span length"):
-        micro_batches(np.array([5, 2, 9]), 2)
+        micro_batches(np.array([5, 2, 9]), 2, np.array([4, 1, 8]))
     with pytest.raises(ValueError, match="parts >= 1 and at least one row, got 0 and 3"):
-        micro_batches(np.array([2, 5, 9]), 0)
+        micro_batches(np.array([2, 5, 9]), 0, np.array([1, 4, 8]))
     with pytest.raises(ValueError, match="got 2 and 0"):
-        micro_batches(np.array([], dtype=np.int64), 2)
+        micro_batches(np.array([], dtype=np.int64), 2, np.array([]))
 
 
 def test_micro_batch_count_auto_is_eight_on_cpu_and_one_on_cuda_and_a_setting_wins():
