@@ -86,7 +86,7 @@ class TrainConfig:
     batching: Literal["bucketed", "random"] = "bucketed"
     # Each optimiser step runs as this many length-sorted micro-batches whose gradients add up to the whole
     # batch's (recsys.sequences.micro_batches): the same update with less padding. 0 = auto: 8 on a CPU
-    # (a uniform ML-100K epoch 2.4 × cheaper), 1 on CUDA.
+    # (a uniform ML-100K epoch 1.9–2.3 × cheaper), 1 on CUDA.
     micro_batches: int = 0
     # Where training starts (recsys/warm.py): "cold" = a fresh initialisation; "warm" = the registry
     # champion's weights (same model family and shapes, or the stage stops and says what differs); "auto" =
