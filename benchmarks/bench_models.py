@@ -10,7 +10,10 @@ A run is `model`, `model:loss`, and either may end in `@key=value,...` to overri
 for that run only (ablations: `bert4rec@mask_prob=0.2,lr=0.001`). `--max-minutes` bounds one run's training (the best checkpoint so far is
 kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the table, never hidden).
 `--seeds N` trains each run with N seeds (train.seed, train.seed + 1, ...), one row per seed; `--seed-offset K`
-starts at train.seed + K (to spread one run's seeds over several processes).
+starts at train.seed + K (to spread one run's seeds over several processes). `--work-dir DIR` keeps the
+prepared data, checkpoints and the trainer's per-epoch resume state in DIR instead of a temporary directory:
+the same command run again after a kill resumes each unfinished run from its last finished epoch (time and
+CPU seconds carry over), so a multi-hour CPU run survives an interrupted session.
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -18,6 +21,7 @@ benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -213,6 +217,18 @@ def update_results_md(rows: list[dict]) -> None:
     md.write_text(replace_between(text, "models", render_table(rows)))
 
 
+@contextlib.contextmanager
+def work_area(work_dir: str | None):
+    """`work_dir` (created, kept) when given, else a temporary directory removed on exit."""
+    if work_dir:
+        path = Path(work_dir).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        yield Path(tmp)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), required=True)
@@ -225,6 +241,8 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--work-dir", default="",
+                        help="keep work (and resume state) here; rerun the same command to resume after a kill")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -235,15 +253,23 @@ def main() -> None:
     prepared = prepare_dataset(args.dataset, args.data_root, params)
     logging.info("prepared %s in %.1fs: %s", args.dataset, time.perf_counter() - started,
                  {k: v for k, v in prepared.fingerprint.items() if k.startswith("n_")})
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        work = Path(tmp)
+    with work_area(args.work_dir) as work:
         save(prepared, work / "prepared")
         offsets = range(args.seed_offset, args.seed_offset + args.seeds)
         for run, offset in ((run, offset) for run in args.runs for offset in offsets):
-            row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device, offset)
-            row.update(dataset=args.dataset, machine=machine(), commit=commit,
-                       command=" ".join([Path(sys.executable).name, *sys.argv]),
-                       n_users=prepared.n_users, n_items=prepared.n_items)
+            finished = work / "finished" / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-offset{offset}.json")
+            if finished.is_file():  # a kept work dir: this run ended before the process was stopped
+                row = json.loads(finished.read_text())
+                logging.info("%s seed=%d finished earlier in %s; not trained again", run, row["seed"], work)
+            else:
+                row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,
+                              offset)
+                row.update(dataset=args.dataset, machine=machine(), commit=commit,
+                           command=" ".join([Path(sys.executable).name, *sys.argv]),
+                           n_users=prepared.n_users, n_items=prepared.n_items)
+                finished.parent.mkdir(exist_ok=True)
+                finished.with_suffix(".tmp").write_text(json.dumps(row))
+                finished.with_suffix(".tmp").replace(finished)
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
                          "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],

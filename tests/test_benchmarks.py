@@ -41,3 +41,16 @@ def test_claims_compare_cpu_seconds_when_both_runs_recorded_them_else_wall_secon
     rows["mojito"] = [_row("mojito", 42, 0.11, 900.0, None)]  # a row from before session 7
     line = curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
     assert "| 900 / 300 s | 3.0 × |" in line
+
+
+def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path):
+    from bench_models import work_area
+
+    kept = tmp_path / "kept" / "work"
+    with work_area(str(kept)) as work:
+        (work / "state").write_text("epoch 3")
+    assert (kept / "state").read_text() == "epoch 3"  # a rerun of the same command finds it and resumes
+    with work_area("") as work:
+        temporary = work
+        assert temporary.is_dir()
+    assert not temporary.exists()
