@@ -23,6 +23,9 @@ run, seconds to best and in total, and for warm runs the ids kept / new / droppe
 per model is the mean over batches 1..N of warm/cold test NDCG@10 and of warm/cold seconds to best, against
 the issue's target (≥ 0.99 and ≤ 0.30). `--max-minutes` caps each training run (`stopped_by: time_limit`
 then says so). Models may carry overrides as in bench_models.py's `--runs`: `sasrec@dim=32,epochs=5`.
+`--work-dir DIR` keeps the prepared steps, checkpoints and per-epoch resume state: the same command run again
+after a kill reads back the runs that finished (rows marked `resumed`) and continues the interrupted one from
+its last finished epoch — a stream of hours on a CPU survives an interrupted session.
 
 Results go to `--out` (default benchmarks/results/stream.json; one record per dataset / models / batches /
 device, replaced when rerun; written after every training run so a stopped benchmark keeps its numbers),
@@ -42,7 +45,6 @@ import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import textwrap
 import time
 from datetime import datetime, timezone
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_models import READERS, configs_for, git_commit, machine, replace_between  # noqa: E402
+from bench_models import READERS, configs_for, git_commit, machine, replace_between, work_area  # noqa: E402
 
 from recsys import schema  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
@@ -121,11 +123,17 @@ def install_warm_source(checkpoint: Path, warm_dir: Path, version: int) -> None:
 
 def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
                     warm_dir: Path | None) -> tuple[dict, Path]:
+    """One training run and its test score; in a kept `--work-dir`, a run that finished before the process
+    was stopped is read back (its row and checkpoint), not trained again."""
+    out = work / f"step{step}" / f"{_slug(run)}-{init}"
+    finished = out.with_suffix(".row.json")
+    if finished.is_file():
+        log.info("step=%d %s init=%s finished earlier in %s; not trained again", step, run, init, work)
+        return {**json.loads(finished.read_text()), "resumed": True}, out
     name, model_config, train_config = configs_for(run, params)
     seed = train_config.seed if args.seed is None else args.seed
     train_config = dataclasses.replace(train_config, init=init, seed=seed, device=args.device, progress="off",
                                        max_minutes=args.max_minutes)
-    out = work / f"step{step}" / f"{_slug(run)}-{init}"
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=out.with_suffix(".csv"),
                          resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir)
@@ -145,8 +153,8 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
         "epochs_run": result.epochs_run,
         "seconds_to_best": round(result.seconds_to_best, 1),
         "seconds_total": round(result.seconds, 1),
-        "cpu_seconds_to_best": round(result.cpu_seconds_to_best, 1),
-        "cpu_seconds_total": round(result.cpu_seconds, 1),
+        "cpu_seconds_to_best": round(result.cpu_seconds_to_best, 3),
+        "cpu_seconds_total": round(result.cpu_seconds, 3),
         "stopped_by": result.stopped_by,
         "items": mapping.get("items"),  # kept / new / dropped by the raw-id mapping (warm runs)
         "users": mapping.get("users"),  # MOJITO's user rows
@@ -157,6 +165,8 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
     log.info("step=%d %s init=%s test_ndcg@10=%.4f valid_ndcg@10=%.4f best_epoch=%d time_to_best=%.0fs "
              "total=%.0fs stopped_by=%s items=%s", step, run, init, row["test_ndcg@10"], row["valid_ndcg@10"],
              row["best_epoch"], row["seconds_to_best"], row["seconds_total"], row["stopped_by"], row["items"])
+    finished.with_suffix(".tmp").write_text(json.dumps(row))
+    finished.with_suffix(".tmp").replace(finished)
     return row, out
 
 
@@ -308,6 +318,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-minutes", type=float, default=0.0, help="cap per training run (0 = none)")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--work-dir", default="",
+                        help="keep prepared steps, checkpoints and resume state here; the same command run "
+                             "again resumes (finished runs are read back, an interrupted one continues)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -347,8 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": None,
     }
     deployed: dict[str, Path] = {}  # run → checkpoint the previous step deploys
-    with tempfile.TemporaryDirectory(prefix="stream-") as tmp:
-        work = Path(tmp)
+    with work_area(args.work_dir) as work:
         for step in range(args.batches + 1):
             prepared = prepare(interactions[number <= step], params.prepare, titles)
             prepared_dir = work / f"step{step}" / "prepared"

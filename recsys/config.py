@@ -96,6 +96,13 @@ class TrainConfig:
     init: Literal["cold", "warm", "auto"] = "cold"
     warm_cold_every: int = 5
     warm_max_catalogue_growth: float = 0.2
+    # A warm start's epoch floor: `min_epochs` is for cold starts (a slow start from random weights is not a
+    # plateau); a warm start begins near its optimum and the cold floor would make it as long as a cold run.
+    warm_min_epochs: int = 0
+    # Share of the champion's weights a warm start keeps: every carried-over tensor becomes
+    # warm_keep × champion + (1 − warm_keep) × this run's fresh initialisation ("shrink and perturb", Ash &
+    # Adams 2020, with the perturbation drawn from the model's own initialiser). 1 = the champion as it is.
+    warm_keep: float = 1.0
 
     @property
     def effective_lr(self) -> float:
@@ -107,7 +114,7 @@ class TrainConfig:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
-        for name in ("warmup_steps", "min_epochs", "micro_batches"):
+        for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.warm_cold_every < 0:
@@ -116,6 +123,9 @@ class TrainConfig:
         if not self.warm_max_catalogue_growth >= 0.0:
             raise ValueError(f"train.warm_max_catalogue_growth must be >= 0, got "
                              f"{self.warm_max_catalogue_growth}")
+        if not 0.0 < self.warm_keep <= 1.0:
+            raise ValueError(f"train.warm_keep must be in (0, 1] (1 = the champion's weights as they are; a "
+                             f"smaller share blends in a fresh initialisation), got {self.warm_keep}")
         if self.batch_size < 1 or self.lr_reference_batch < 1:
             raise ValueError(f"train.batch_size and train.lr_reference_batch must be >= 1, got "
                              f"{self.batch_size} and {self.lr_reference_batch}")

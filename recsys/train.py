@@ -238,6 +238,7 @@ def train_model(
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
     loss_fn = world.loss_fn(model, device)
+    floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
     parts = micro_batch_count(cfg.micro_batches, device)
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
@@ -314,7 +315,7 @@ def train_model(
         fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
-        if state["bad_epochs"] >= cfg.patience and epoch >= cfg.min_epochs:
+        if state["bad_epochs"] >= cfg.patience and epoch >= floor:
             stopped_by = "early_stopping"
             break
         if cfg.max_minutes and now > cfg.max_minutes * 60:

@@ -259,19 +259,26 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
         state = load_file(str(checkpoint / "model.safetensors"))  # tensors only: nothing is unpickled
     except (OSError, SafetensorError) as err:
         raise CheckpointError(f"{checkpoint}: cannot read the champion's weights ({err})") from err
-    counts, fresh = transfer(model, state, old_ids, ids)
+    counts, fresh = transfer(model, state, old_ids, ids, keep=cfg.warm_keep)
     return {"requested": cfg.init, "mode": "warm", "from_version": source.version,
-            "from_sha256": source.artifact_sha256, "warm_streak": streak + 1, **counts, "fresh": fresh}
+            "from_sha256": source.artifact_sha256, "warm_streak": streak + 1, **counts, "fresh": fresh,
+            **({"keep": cfg.warm_keep} if cfg.warm_keep != 1.0 else {})}
 
 
 def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids: dict[str, list],
-             new_ids: dict[str, list]) -> tuple[dict[str, dict[str, int]], list[str]]:
+             new_ids: dict[str, list], keep: float = 1.0) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Load `champion`'s tensors into `model` (see the module docstring). `old_ids` / `new_ids` give, per
-    kind ("items", "users"), the raw id of each row ([None, id1, id2, ...]). Returns the per-kind counts of
-    ids kept, new and dropped, and the names of the tensors left fresh."""
+    kind ("items", "users"), the raw id of each row ([None, id1, id2, ...]). A parameter carried over becomes
+    `keep` × the champion's + (1 − `keep`) × the model's own fresh value (train.warm_keep; buffers are copied
+    as they are). Returns the per-kind counts of ids kept, new and dropped, and the names of the tensors
+    left fresh."""
     import torch
 
     state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    parameters = {name for name, _ in model.named_parameters()}
+
+    def carried(name: str, theirs: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
+        return theirs if keep == 1.0 or name not in parameters else keep * theirs + (1.0 - keep) * ours
     kinds = sorted(set(model.id_rows.values()))
     counts: dict[str, dict[str, int]] = {}
     rows = {}
@@ -291,7 +298,7 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
             if theirs is None or theirs.shape != ours.shape:
                 fresh.append(name)
             else:
-                ours.copy_(theirs)
+                ours.copy_(carried(name, theirs, ours))
             continue
         n_new, n_old = len(new_ids[kind]), len(old_ids[kind])
         if theirs is None or theirs.dim() != ours.dim() or theirs.shape[1:] != ours.shape[1:] or (
@@ -301,10 +308,10 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
                                    f"matching {tuple(ours.shape)} for {n_new - 1}", "train it cold once")
         theirs = theirs.to(ours.device, ours.dtype)
         special = ours.shape[0] - n_new  # rows after the last id ([mask]) stay in place
-        ours[0] = theirs[0]  # padding / unknown
-        new_rows, old_rows = rows[kind]
-        ours[new_rows.to(ours.device)] = theirs[old_rows.to(ours.device)]
+        ours[0] = carried(name, theirs[0], ours[0])  # padding / unknown
+        new_rows, old_rows = (r.to(ours.device) for r in rows[kind])
+        ours[new_rows] = carried(name, theirs[old_rows], ours[new_rows])
         if special:
-            ours[-special:] = theirs[-special:]
+            ours[-special:] = carried(name, theirs[-special:], ours[-special:])
     model.load_state_dict(state, strict=True)
     return counts, fresh

@@ -338,3 +338,43 @@ def test_the_optimiser_starts_fresh_and_a_cold_resume_state_is_never_picked_up(
     seen = Interrupt()
     run(tiny_prepared, tiny_sasrec_config, warm, root, champion_source, on_epoch=seen)
     assert seen.seen == [2, 3]  # …and the warm run resumes its own state
+
+
+def test_warm_keep_blends_the_champion_with_the_fresh_initialisation(tmp_path, tiny_sasrec_config):
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    items = ["c", "a", "x", "f", "b", "d", "e"]  # x is new
+    model, before = fresh("sasrec", tiny_sasrec_config, items, ["u9"])
+    record = start(model, "sasrec", tiny_sasrec_config, dataclasses.replace(WARM, warm_keep=0.25), warm_dir,
+                   items, ["u9"])
+    theirs, ours = champion_weights(warm_dir), model.state_dict()
+    where = {raw: i for i, raw in enumerate([None, *CHAMPION_ITEMS]) if i > 0}
+    for j, raw in enumerate(items, start=1):
+        expected = before["item_emb.weight"][j] if raw not in where else (
+            0.25 * theirs["item_emb.weight"][where[raw]] + 0.75 * before["item_emb.weight"][j])
+        assert torch.allclose(ours["item_emb.weight"][j], expected, atol=1e-6), raw
+    assert not ours["item_emb.weight"][0].any()  # padding: zero in both, so zero blended
+    for name in ours:
+        if name != "item_emb.weight":
+            assert torch.allclose(ours[name], 0.25 * theirs[name] + 0.75 * before[name], atol=1e-6), name
+    assert record["keep"] == 0.25 and record["mode"] == "warm"
+
+
+def test_a_warm_start_stops_by_its_own_epoch_floor_not_the_cold_one(tiny_prepared, tiny_sasrec_config,
+                                                                    fast_train_config, champion_source,
+                                                                    tmp_path):
+    # lr = 0: validation never improves after epoch 1, so patience 2 alone stops after epoch 3.
+    base = dataclasses.replace(fast_train_config, epochs=20, patience=2, lr=0.0, min_epochs=8, init="warm")
+    warm = run(tiny_prepared, tiny_sasrec_config, base, tmp_path / "a", champion_source)
+    assert (warm.best_epoch, warm.epochs_run, warm.stopped_by) == (1, 3, "early_stopping")
+    floored = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(base, warm_min_epochs=5),
+                  tmp_path / "b", champion_source)
+    assert (floored.epochs_run, floored.stopped_by) == (5, "early_stopping")
+    cold = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(base, init="cold", warm_min_epochs=5),
+               tmp_path / "c", None)
+    assert (cold.epochs_run, cold.stopped_by) == (8, "early_stopping")  # a cold start keeps min_epochs
+
+
+@pytest.mark.parametrize("bad", [{"warm_keep": 0.0}, {"warm_keep": 1.5}, {"warm_min_epochs": -1}])
+def test_warm_settings_are_validated(bad):
+    with pytest.raises(ValueError, match="train.warm_"):
+        TrainConfig(**bad)
