@@ -58,6 +58,7 @@ ABLATION = (
     (f"{_MIN100},weight_init=xavier,emb_scale=false", _MIN100, "RecTools' init (Xavier everywhere), no √d scale"),
     (SASREC_DEFAULT_RUN, _MIN100,
      "uniform random batches (from length-bucketed: the same short histories shared a batch every epoch)"),
+    ("bert4rec@batching=random", None, "BERT4Rec's defaults (uniform batches, the newest window, patience 20, clipping 5)"),
     (BERT4REC_LONG, "bert4rec@batching=random",
      "BERT4Rec: whole history, no early stop before epoch 200, patience 40, no clipping, dropout 0.2"),
 )
