@@ -72,7 +72,8 @@ class TrainConfig:
     lr_decay_patience: int = 5
     # Linear learning-rate warm-up over this many optimiser steps (0 = none).
     warmup_steps: int = 0
-    # Early stopping may not end a run before this epoch (a slow start is not a plateau).
+    # Early stopping may not end a cold run before this epoch (a slow start is not a plateau); a warm start
+    # has its own floor, warm_min_epochs.
     min_epochs: int = 0
     # `lr` is the rate at batch size `lr_reference_batch`; another batch size scales it by
     # (batch_size / lr_reference_batch) ** {none: 0, sqrt: 0.5, linear: 1} (large GPU batches).

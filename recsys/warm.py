@@ -278,6 +278,7 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
     parameters = {name for name, _ in model.named_parameters()}
 
     def carried(name: str, theirs: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
+        theirs = theirs.to(ours.device, ours.dtype)  # the champion loads on the CPU; the model may be on a GPU
         return theirs if keep == 1.0 or name not in parameters else keep * theirs + (1.0 - keep) * ours
     kinds = sorted(set(model.id_rows.values()))
     counts: dict[str, dict[str, int]] = {}

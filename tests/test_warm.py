@@ -359,6 +359,20 @@ def test_warm_keep_blends_the_champion_with_the_fresh_initialisation(tmp_path, t
     assert record["keep"] == 0.25 and record["mode"] == "warm"
 
 
+def test_the_blend_runs_on_the_models_device_not_the_champions(tmp_path, tiny_sasrec_config):
+    # The champion's tensors load on the CPU; a model on another device (a GPU in production, `meta` here,
+    # which no CPU tensor may be mixed with either) must receive them on its own device, blended or not.
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
+    items = ["c", "a", "x", "f", "b", "d", "e"]
+    for keep in (0.5, 1.0):
+        model, _ = fresh("sasrec", tiny_sasrec_config, items, ["u9"])
+        model.to("meta")
+        record = start(model, "sasrec", tiny_sasrec_config, dataclasses.replace(WARM, warm_keep=keep), warm_dir,
+                       items, ["u9"])
+        assert record["mode"] == "warm"
+        assert {t.device.type for t in model.state_dict().values()} == {"meta"}
+
+
 def test_a_warm_start_stops_by_its_own_epoch_floor_not_the_cold_one(tiny_prepared, tiny_sasrec_config,
                                                                     fast_train_config, champion_source,
                                                                     tmp_path):
