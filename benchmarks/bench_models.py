@@ -102,6 +102,26 @@ def configs_for(run: str, params):
     return name, model_config, train_config
 
 
+def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_minutes: float, device: str,
+                   seed_offset: int) -> None:
+    """A finished row in a kept work dir is reused only for the same dataset and the same settings; anything
+    else stops with one sentence (never a silent mix of two configurations in one table)."""
+    _, model_config, train_config = configs_for(run, params)
+    train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off",
+                                       seed=train_config.seed + seed_offset)
+    now = {"dataset": dataset, "config": json.loads(json.dumps(dataclasses.asdict(model_config))),
+           "train": json.loads(json.dumps(dataclasses.asdict(train_config)))}
+    for part, value in now.items():
+        if row.get(part) != value:
+            if isinstance(value, dict) and isinstance(row.get(part), dict):
+                diff = ", ".join(f"{k}={row[part].get(k)!r} (now {v!r})" for k, v in value.items()
+                                 if row[part].get(k) != v)
+            else:
+                diff = f"{row.get(part)!r} (now {value!r})"
+            raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; use a new --work-dir "
+                             f"or delete that file to train this run again")
+
+
 def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str,
             seed_offset: int = 0) -> dict:
     name, model_config, train_config = configs_for(run, params)
@@ -260,6 +280,7 @@ def main() -> None:
             finished = work / "finished" / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-offset{offset}.json")
             if finished.is_file():  # a kept work dir: this run ended before the process was stopped
                 row = json.loads(finished.read_text())
+                check_finished(row, finished, run, args.dataset, params, args.max_minutes, args.device, offset)
                 logging.info("%s seed=%d finished earlier in %s; not trained again", run, row["seed"], work)
             else:
                 row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +56,25 @@ def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path)
         temporary = work
         assert temporary.is_dir()
     assert not temporary.exists()
+
+
+def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_path):
+    from bench_models import check_finished
+    import dataclasses
+    import json
+
+    params = load_params(ROOT / "params.yaml")
+    run = "sasrec:ce@patience=3"
+    _, model_config, train_config = configs_for(run, params)
+    train_config = dataclasses.replace(train_config, max_minutes=0.0, device="cpu", progress="off",
+                                       seed=train_config.seed + 1)
+    row = json.loads(json.dumps({"dataset": "ml-100k", "config": dataclasses.asdict(model_config),
+                                 "train": dataclasses.asdict(train_config)}))
+    path = tmp_path / "finished" / "x.json"
+    check_finished(row, path, run, "ml-100k", params, 0.0, "cpu", 1)  # the same: reused, no error
+    with pytest.raises(SystemExit, match=r"train: .*patience=3 \(now 4\)"):
+        check_finished(row, path, "sasrec:ce@patience=4", "ml-100k", params, 0.0, "cpu", 1)
+    with pytest.raises(SystemExit, match=r"dataset: 'ml-100k' \(now 'ml-1m-half'\)"):
+        check_finished(row, path, run, "ml-1m-half", params, 0.0, "cpu", 1)
+    with pytest.raises(SystemExit, match=r"max_minutes=0.0 \(now 5.0\)"):
+        check_finished(row, path, run, "ml-100k", params, 5.0, "cpu", 1)
