@@ -127,13 +127,23 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
     was stopped is read back (its row and checkpoint), not trained again."""
     out = work / f"step{step}" / f"{_slug(run)}-{init}"
     finished = out.with_suffix(".row.json")
-    if finished.is_file():
-        log.info("step=%d %s init=%s finished earlier in %s; not trained again", step, run, init, work)
-        return {**json.loads(finished.read_text()), "resumed": True}, out
     name, model_config, train_config = configs_for(run, params)
     seed = train_config.seed if args.seed is None else args.seed
     train_config = dataclasses.replace(train_config, init=init, seed=seed, device=args.device, progress="off",
                                        max_minutes=args.max_minutes)
+    settings = {"stream": {"dataset": args.dataset, "batches": args.batches, "history_share": args.history_share},
+                "config": json.loads(json.dumps(dataclasses.asdict(model_config))),
+                "train": json.loads(json.dumps(dataclasses.asdict(train_config)))}
+    if finished.is_file():
+        row = json.loads(finished.read_text())
+        for part, value in settings.items():
+            if row.get(part) != value:  # another stream or config: never mix it into this one's table
+                diff = ", ".join(f"{k}={(row.get(part) or {}).get(k)!r} (now {v!r})" for k, v in value.items()
+                                 if (row.get(part) or {}).get(k) != v)
+                raise SystemExit(f"{finished} was trained with other settings — {part}: {diff}; use a new "
+                                 f"--work-dir or delete {work} to run this stream")
+        log.info("step=%d %s init=%s finished earlier in %s; not trained again", step, run, init, work)
+        return {**row, "resumed": True}, out
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=out.with_suffix(".csv"),
                          resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir)
@@ -159,8 +169,7 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
         "items": mapping.get("items"),  # kept / new / dropped by the raw-id mapping (warm runs)
         "users": mapping.get("users"),  # MOJITO's user rows
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "config": dataclasses.asdict(model_config),
-        "train": dataclasses.asdict(train_config),
+        **settings,
     }
     log.info("step=%d %s init=%s test_ndcg@10=%.4f valid_ndcg@10=%.4f best_epoch=%d time_to_best=%.0fs "
              "total=%.0fs stopped_by=%s items=%s", step, run, init, row["test_ndcg@10"], row["valid_ndcg@10"],

@@ -151,3 +151,11 @@ def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_genera
         torch.set_num_threads(threads)
     assert [r.get("resumed") for r in again["rows"]] == [True, True, True]
     assert [r["test_ndcg@10"] for r in again["rows"]] == [r["test_ndcg@10"] for r in first["rows"]]
+    # Another stream in the same work dir (a different history share re-cuts every step) is refused, not mixed.
+    changed = [*argv[:argv.index("--history-share") + 1], "0.7", *argv[argv.index("--history-share") + 2:]]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit, match=r"stream: history_share=0\.6 \(now 0\.7\)"):
+            bench_stream.main(changed)
+    finally:
+        torch.set_num_threads(threads)
