@@ -102,31 +102,43 @@ def configs_for(run: str, params):
     return name, model_config, train_config
 
 
-def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_minutes: float, device: str,
-                   seed_offset: int) -> None:
-    """A finished row in a kept work dir is reused only for the same dataset and the same settings; anything
-    else stops with one sentence (never a silent mix of two configurations in one table)."""
-    _, model_config, train_config = configs_for(run, params)
+def run_configs(run: str, params, max_minutes: float, device: str, seed_offset: int):
+    """`configs_for` with the benchmark's own train settings: the configuration a run of this process trains."""
+    name, model_config, train_config = configs_for(run, params)
     train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off",
                                        seed=train_config.seed + seed_offset)
-    now = {"dataset": dataset, "config": json.loads(json.dumps(dataclasses.asdict(model_config))),
-           "train": json.loads(json.dumps(dataclasses.asdict(train_config)))}
+    return name, model_config, train_config
+
+
+def as_json(config) -> dict:
+    """A config dataclass as a finished row stores it (JSON: tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None:
+    """A finished row in a kept work dir is reused only when each part of `now` equals the row's; anything else
+    stops with one sentence naming the differing keys (never a silent mix of two configurations in one table)."""
     for part, value in now.items():
-        if row.get(part) != value:
-            if isinstance(value, dict) and isinstance(row.get(part), dict):
-                diff = ", ".join(f"{k}={row[part].get(k)!r} (now {v!r})" for k, v in value.items()
-                                 if row[part].get(k) != v)
-            else:
-                diff = f"{row.get(part)!r} (now {value!r})"
-            raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; use a new --work-dir "
-                             f"or delete that file to train this run again")
+        if row.get(part) == value:
+            continue
+        stored = row.get(part)
+        if isinstance(value, dict) and isinstance(stored, dict):
+            diff = ", ".join(f"{k}={stored.get(k)!r} (now {v!r})" for k, v in value.items() if stored.get(k) != v)
+        else:
+            diff = f"{stored!r} (now {value!r})"
+        raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; {remedy}")
+
+
+def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_minutes: float, device: str,
+                   seed_offset: int) -> None:
+    _, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
+    refuse_other_settings(row, {"dataset": dataset, "config": as_json(model_config), "train": as_json(train_config)},
+                          path, "use a new --work-dir or delete that file to train this run again")
 
 
 def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str,
             seed_offset: int = 0) -> dict:
-    name, model_config, train_config = configs_for(run, params)
-    train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off",
-                                       seed=train_config.seed + seed_offset)
+    name, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
     out = work / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{train_config.seed}")
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",

@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_models import READERS, configs_for, git_commit, machine, replace_between, work_area  # noqa: E402
+from bench_models import (  # noqa: E402
+    READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between, work_area)
 
 from recsys import schema  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
@@ -132,16 +133,10 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
     train_config = dataclasses.replace(train_config, init=init, seed=seed, device=args.device, progress="off",
                                        max_minutes=args.max_minutes)
     settings = {"stream": {"dataset": args.dataset, "batches": args.batches, "history_share": args.history_share},
-                "config": json.loads(json.dumps(dataclasses.asdict(model_config))),
-                "train": json.loads(json.dumps(dataclasses.asdict(train_config)))}
+                "config": as_json(model_config), "train": as_json(train_config)}
     if finished.is_file():
         row = json.loads(finished.read_text())
-        for part, value in settings.items():
-            if row.get(part) != value:  # another stream or config: never mix it into this one's table
-                diff = ", ".join(f"{k}={(row.get(part) or {}).get(k)!r} (now {v!r})" for k, v in value.items()
-                                 if (row.get(part) or {}).get(k) != v)
-                raise SystemExit(f"{finished} was trained with other settings — {part}: {diff}; use a new "
-                                 f"--work-dir or delete {work} to run this stream")
+        refuse_other_settings(row, settings, finished, f"use a new --work-dir or delete {work} to run this stream")
         log.info("step=%d %s init=%s finished earlier in %s; not trained again", step, run, init, work)
         return {**row, "resumed": True}, out
     load_before = os.getloadavg()[0]

@@ -278,7 +278,6 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
     parameters = {name for name, _ in model.named_parameters()}
 
     def carried(name: str, theirs: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
-        theirs = theirs.to(ours.device, ours.dtype)  # the champion loads on the CPU; the model may be on a GPU
         return theirs if keep == 1.0 or name not in parameters else keep * theirs + (1.0 - keep) * ours
     kinds = sorted(set(model.id_rows.values()))
     counts: dict[str, dict[str, int]] = {}
@@ -294,6 +293,8 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
     fresh = []
     for name, ours in state.items():
         theirs = champion.get(name)
+        if theirs is not None:  # the champion loads on the CPU; the model may be on a GPU
+            theirs = theirs.to(ours.device, ours.dtype)
         kind = model.id_rows.get(name)
         if kind is None:
             if theirs is None or theirs.shape != ours.shape:
@@ -307,7 +308,6 @@ def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids:
             shape = None if theirs is None else tuple(theirs.shape)
             raise WarmStartRefused(f"the champion's {name} has shape {shape} for {n_old - 1} {kind}, not one "
                                    f"matching {tuple(ours.shape)} for {n_new - 1}", "train it cold once")
-        theirs = theirs.to(ours.device, ours.dtype)
         special = ours.shape[0] - n_new  # rows after the last id ([mask]) stay in place
         ours[0] = carried(name, theirs[0], ours[0])  # padding / unknown
         new_rows, old_rows = (r.to(ours.device) for r in rows[kind])

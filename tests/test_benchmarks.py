@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -59,15 +61,11 @@ def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path)
 
 
 def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_path):
-    from bench_models import check_finished
-    import dataclasses
-    import json
+    from bench_models import check_finished, run_configs
 
     params = load_params(ROOT / "params.yaml")
     run = "sasrec:ce@patience=3"
-    _, model_config, train_config = configs_for(run, params)
-    train_config = dataclasses.replace(train_config, max_minutes=0.0, device="cpu", progress="off",
-                                       seed=train_config.seed + 1)
+    _, model_config, train_config = run_configs(run, params, 0.0, "cpu", 1)
     row = json.loads(json.dumps({"dataset": "ml-100k", "config": dataclasses.asdict(model_config),
                                  "train": dataclasses.asdict(train_config)}))
     path = tmp_path / "finished" / "x.json"
