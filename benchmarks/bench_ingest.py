@@ -74,7 +74,8 @@ def peak_rss_mb() -> float:
         for line in status.read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024  # kB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB; macOS: bytes
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # macOS: bytes; Linux and the BSDs: KiB
 
 
 def measure_store(rows: int, batch_rows: int, batches: int) -> dict:

@@ -44,6 +44,7 @@ from recsys.config import load_params  # noqa: E402
 from results_md import mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
 from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
+from recsys.layout import prune_resume_state  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
 from recsys.train import train_model  # noqa: E402
@@ -141,8 +142,10 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     name, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
     out = work / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{train_config.seed}")
     load_before = os.getloadavg()[0]
+    # The finished run's state is kept until its row is written (main): a kill while the test split is scored
+    # then costs the scoring, not the training.
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
-                         resume_root=work / "resume")
+                         resume_root=work / "resume", keep_final_state=True)
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
     return {
         "run": run,
@@ -303,6 +306,7 @@ def main() -> None:
                 finished.parent.mkdir(exist_ok=True)
                 finished.with_suffix(".tmp").write_text(json.dumps(row))
                 finished.with_suffix(".tmp").replace(finished)
+                prune_resume_state(work / "resume", [row["model"]])
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
                          "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],

@@ -172,11 +172,15 @@ def train_model(
     resume_root: str | Path | None = None,
     warm_dir: str | Path | None = None,
     on_epoch=None,
+    keep_final_state: bool = False,
 ) -> TrainResult:
     """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
 
     `warm_dir` is the warm source `train.init: warm | auto` starts from (recsys/warm.py; unread when cold).
-    `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress)."""
+    `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress).
+    `keep_final_state`: a finished run's resume state is kept, marked finished, instead of cleared, so that a
+    caller with more to do after training (a benchmark scoring the test split) can be killed and rerun without
+    training again: the rerun returns the same result at once. That caller clears it (`prune_resume_state`)."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
@@ -242,11 +246,11 @@ def train_model(
     parts = micro_batch_count(cfg.micro_batches, device)
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
-    stopped_by = "max_epochs"
+    stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
     time_offset = state["seconds"] - (time.perf_counter() - started)
     cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
-    while state["epoch"] < cfg.epochs:
+    while "stopped_by" not in state and state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
         model.train()
         world.seed_epoch(cfg.seed, epoch)
@@ -321,14 +325,18 @@ def train_model(
         if cfg.max_minutes and now > cfg.max_minutes * 60:
             stopped_by = "time_limit"
             break
-    if world.is_main:
-        resume.clear()
     seconds = time.perf_counter() - started + time_offset
+    cpu_seconds = time.process_time() - cpu_started + cpu_offset
+    if world.is_main and keep_final_state and "stopped_by" not in state:
+        resume.save(model, optimizer, generator,
+                    {**state, "stopped_by": stopped_by, "seconds": seconds, "cpu_seconds": cpu_seconds})
+    elif world.is_main and not keep_final_state:
+        resume.clear()
     return TrainResult(
         model=model_name, best_epoch=state["best_epoch"], best_valid=state["best_valid"], epochs_run=state["epoch"],
         seconds=seconds, seconds_to_best=state["seconds_to_best"],
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
-        cpu_seconds=time.process_time() - cpu_started + cpu_offset, cpu_seconds_to_best=state["cpu_seconds_to_best"],
+        cpu_seconds=cpu_seconds, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
 
 

@@ -113,6 +113,7 @@ def test_the_time_target_is_judged_on_cpu_seconds_where_every_run_has_them():
     assert summary["mean_cpu_time_to_best_ratio"] is None and not summary["meets_target"]
 
 
+@pytest.mark.slow  # three benchmark processes, ~11 s: out of the fast loop
 def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_generated, repo_root):
     """A real kill (RECSYS_FAULT: `os._exit` after step 0's first epoch), then the same command resumes that
     run from its saved epoch; a third run reads every finished run back instead of training it again."""

@@ -141,6 +141,32 @@ def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_
     assert not any((tmp_path / "resumed" / "resume").iterdir())  # cleared once finished
 
 
+def test_a_kept_final_state_returns_the_finished_run_without_training_again(tiny_prepared, tiny_sasrec_config,
+                                                                             fast_train_config, tmp_path):
+    """`keep_final_state` (the benchmarks): a caller killed after training but before its own last write reruns
+    and gets the same result at once; the state stays until the caller clears it."""
+    from recsys.layout import prune_resume_state
+
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    first_epochs = Interrupt()
+    first = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=first_epochs, keep_final_state=True)
+    assert first_epochs.seen == [1, 2, 3] and any((tmp_path / "resume").iterdir())
+    best = weights(tmp_path / "model")
+    again_epochs = Interrupt()
+    again = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=again_epochs, keep_final_state=True)
+    assert again_epochs.seen == []  # nothing trained
+    assert (again.best_epoch, again.epochs_run, again.stopped_by) == (first.best_epoch, first.epochs_run,
+                                                                     first.stopped_by)
+    assert again.best_valid == first.best_valid and again.seconds_to_best == first.seconds_to_best
+    assert again.seconds == pytest.approx(first.seconds, abs=0.5)
+    for key, value in weights(tmp_path / "model").items():
+        assert torch.equal(value, best[key])
+    prune_resume_state(tmp_path / "resume", ["sasrec"])
+    retrained = Interrupt()
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=retrained)
+    assert retrained.seen == [1, 2, 3] and not any((tmp_path / "resume").iterdir())
+
+
 def test_other_config_ignores_stale_resume_state(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path,
                                                  caplog):
     cfg = dataclasses.replace(fast_train_config, epochs=3)

@@ -359,6 +359,41 @@ def test_warm_keep_blends_the_champion_with_the_fresh_initialisation(tmp_path, t
     assert record["keep"] == 0.25 and record["mode"] == "warm"
 
 
+@pytest.mark.parametrize("name, config", [
+    ("bert4rec", BERT4RecConfig(dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_len=10)),
+    ("mojito", MojitoConfig(dim=16, n_layers=1, n_heads=2, max_len=10, time_dim=4, fism_items=3)),
+])
+def test_warm_keep_blends_every_carried_parameter_of_bert4rec_and_mojito(tmp_path, name, config):
+    """The same blend for the models with more id-indexed tensors ([mask] row, output bias, user rows)."""
+    warm_dir = make_champion(tmp_path, name, config)
+    items, users = ["c", "x", "a"], ["u2", "new-user"]  # x and new-user are new
+    model, before = fresh(name, config, items, users)
+    record = start(model, name, config, dataclasses.replace(WARM, warm_keep=0.25), warm_dir, items, users)
+    theirs, ours = champion_weights(warm_dir), model.state_dict()
+    parameters = {n for n, _ in model.named_parameters()}
+    old = {"items": [None, *CHAMPION_ITEMS], "users": [None, *CHAMPION_USERS]}
+    new = {"items": [None, *items], "users": [None, *users]}
+    blended = 0
+    for key, value in ours.items():
+        if key not in parameters:
+            continue
+        kind = model.id_rows.get(key)
+        if kind is None:
+            assert torch.allclose(value, 0.25 * theirs[key] + 0.75 * before[key], atol=1e-6), key
+            blended += 1
+            continue
+        for j, raw in enumerate(new[kind]):
+            if raw is not None and raw not in old[kind]:
+                assert torch.equal(value[j], before[key][j]), (key, raw)  # a new id: fresh, not blended
+            else:
+                i = 0 if raw is None else old[kind].index(raw)
+                assert torch.allclose(value[j], 0.25 * theirs[key][i] + 0.75 * before[key][j], atol=1e-6), (key, raw)
+        extra = value.shape[0] - len(new[kind])  # BERT4Rec's [mask] row, after the last item
+        for r in range(1, extra + 1):
+            assert torch.allclose(value[-r], 0.25 * theirs[key][-r] + 0.75 * before[key][-r], atol=1e-6), key
+    assert blended > 5 and record["keep"] == 0.25
+
+
 def test_the_blend_runs_on_the_models_device_not_the_champions(tmp_path, tiny_sasrec_config):
     # The champion's tensors load on the CPU; a model on another device (a GPU in production, `meta` here,
     # which no CPU tensor may be mixed with either) must receive them on its own device, blended or not.
