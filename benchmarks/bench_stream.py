@@ -16,7 +16,8 @@ optimiser, early stopping as for cold). `--warm-from deployed` (default): the pr
 its validation NDCG@10 is ≥ the cold one's, else the cold one (validation selects; the test split is
 never looked at); `--warm-from warm`: always the previous warm model (a pure warm line; cold at step 0).
 `train.init: auto`'s policy (every 5th version cold, catalogue-growth limit) is not exercised: every warm
-run here is warm.
+run here is warm. Runs that differ only in warm settings (`sasrec` and `sasrec@warm_keep=0.7`) share one cold
+run per step (trained once; the copy's row says `cold_trained_as`), so a warm variant costs its warm runs.
 
 Per step and model: test NDCG@10 / HR@10 (full ranking, scored once), validation NDCG@10, best epoch, epochs
 run, seconds to best and in total, and for warm runs the ids kept / new / dropped by the mapping. The summary
@@ -172,6 +173,20 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
     finished.with_suffix(".tmp").write_text(json.dumps(row))
     finished.with_suffix(".tmp").replace(finished)
     return row, out
+
+
+# TrainConfig fields only a warm start reads: runs that differ in these alone train the same cold model, so
+# the stream trains it once per step (`--models sasrec 'sasrec@warm_keep=0.7'` costs one cold line).
+WARM_ONLY_FIELDS = ("warm_cold_every", "warm_max_catalogue_growth", "warm_min_epochs", "warm_keep")
+
+
+def cold_key(run: str, params) -> str:
+    """What a run's cold training depends on: the model and its config, and the train config without the
+    warm-only fields."""
+    name, model_config, train_config = configs_for(run, params)
+    defaults = {f.name: f.default for f in dataclasses.fields(train_config) if f.name in WARM_ONLY_FIELDS}
+    train = dataclasses.replace(train_config, **defaults)
+    return json.dumps([name, as_json(model_config), as_json(train)], sort_keys=True)
 
 
 def _slug(run: str) -> str:
@@ -374,9 +389,18 @@ def main(argv: list[str] | None = None) -> dict:
                                     **{k: fp[k] for k in ("n_users", "n_items", "n_events", "n_train",
                                                           "n_valid", "n_test")}})
             log.info("step=%d prepared %s", step, record["steps"][-1])
+            colds: dict[str, tuple[str, dict, Path]] = {}  # cold_key → (the run that trained it, row, dir)
             for run in args.models:
-                cold, cold_dir = train_and_score(run, "cold", step, prepared, prepared_dir, work, params,
-                                                 args, None)
+                key = cold_key(run, params)
+                if key in colds:  # the same cold model as an earlier run's: its row, under this run's name
+                    first, row, cold_dir = colds[key]
+                    cold = {**row, "run": run, "cold_trained_as": first}
+                    log.info("step=%d %s init=cold: the same cold model as %s's, not trained again", step,
+                             run, first)
+                else:
+                    cold, cold_dir = train_and_score(run, "cold", step, prepared, prepared_dir, work, params,
+                                                     args, None)
+                    colds[key] = (run, cold, cold_dir)
                 record["rows"].append(cold)
                 _save(record, out)
                 if step == 0:

@@ -48,6 +48,49 @@ def test_a_bad_cut_is_refused():
         bench_stream.stream_batches([1, 2, 3], 2, 1.0)
 
 
+def test_runs_that_differ_only_in_warm_settings_share_their_cold_training():
+    from recsys.config import load_params
+
+    params = load_params(ROOT / "params.yaml")
+    key = bench_stream.cold_key
+    assert key("sasrec", params) == key("sasrec@warm_keep=0.7,warm_min_epochs=5", params)
+    assert key("sasrec", params) == key("sasrec@warm_cold_every=2,warm_max_catalogue_growth=0.5", params)
+    for other in ("sasrec@min_epochs=3", "sasrec@dropout=0.3", "sasrec:bce", "bert4rec"):
+        assert key("sasrec", params) != key(other, params), other
+
+
+@pytest.mark.slow  # four tiny trainings
+def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_generated, repo_root):
+    frame = tiny_generated.interactions
+    folder = tmp_path / "data" / "ml-100k"
+    folder.mkdir(parents=True)
+    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
+    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    base = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    variant = f"{TINY_SASREC},warm_keep=0.5"
+    threads = torch.get_num_threads()
+    try:
+        record = bench_stream.main([
+            "--dataset", "ml-100k", "--data-root", str(tmp_path / "data"),
+            "--params", str(tmp_path / "params.yaml"), "--models", TINY_SASREC, variant,
+            "--batches", "1", "--history-share", "0.6", "--threads", "1", "--device", "cpu",
+            "--out", str(tmp_path / "stream.json"), "--work-dir", str(tmp_path / "work")])
+    finally:
+        torch.set_num_threads(threads)
+    by = {(r["step"], r["run"], r["init"]): r for r in record["rows"]}
+    assert sorted(by) == sorted((s, run, i) for run in (TINY_SASREC, variant) for s, i in
+                                ((0, "cold"), (1, "cold"), (1, "warm")))
+    for step in (0, 1):
+        assert by[step, variant, "cold"]["cold_trained_as"] == TINY_SASREC
+        assert by[step, variant, "cold"]["test_ndcg@10"] == by[step, TINY_SASREC, "cold"]["test_ndcg@10"]
+        assert [p.name for p in (tmp_path / "work" / f"step{step}").iterdir() if p.is_dir() and
+                p.name.endswith("-cold")] == [f"{bench_stream._slug(TINY_SASREC)}-cold"]  # trained once
+    assert by[1, variant, "warm"]["train"]["warm_keep"] == 0.5 and by[1, TINY_SASREC, "warm"]["train"]["warm_keep"] == 1.0
+    assert set(record["summary"]) == {TINY_SASREC, variant}
+
+
 @pytest.mark.slow  # ~8 s of CPU, but several trainings: out of the fast loop
 def test_a_tiny_stream_has_warm_and_cold_rows_for_every_batch(tmp_path, tiny_generated, repo_root):
     """Two batches of the tiny generated dataset written as an ml-100k `u.data`, a 2-epoch SASRec."""
