@@ -41,6 +41,10 @@ _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
 # BERT4Rec trained in SASRec's regime (session 9; batching=random is already BERT4Rec's default): it learns
 # from ~22 % of a row's events per epoch where SASRec learns from all of them, so it gets a longer floor.
 BERT4REC_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2"
+# BERT4Rec's session-9 bundle without the epoch floor (does the floor matter?), and MOJITO in SASRec's regime
+# (patience 20, the epoch floor, whole-history windows; batching=random is its default since session 7).
+BERT4REC_P40 = "bert4rec@windows=all,patience=40,grad_clip=0,dropout=0.2"
+MOJITO_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -144,6 +148,8 @@ CLAIMS = (
     ("bert4rec", SASREC_DEFAULT_RUN, 0.90, 3.0),
     ("bert4rec@batching=random", SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_LONG, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_P40, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),
     ("sasrec:gbce", SASREC_DEFAULT_RUN, 0.95, None),
     (f"sasrec:gbce@{_SASREC_SETTINGS}", SASREC_DEFAULT_RUN, 0.95, None),
 )
