@@ -10,7 +10,7 @@
 # then one device `run` per phase, with carry [".gpu-data"]:
 #     bash benchmarks/gpu_session.sh step     # throughput and all-users scoring, three models (≈ 1 min)
 #     bash benchmarks/gpu_session.sh sasrec   # SASRec defaults, ml-1m-half, seeds 42–44, and a 10-s budget run
-#     bash benchmarks/gpu_session.sh claims   # BERT4Rec and MOJITO defaults, ml-1m-half, seed 42
+#     bash benchmarks/gpu_session.sh claims   # BERT4Rec and MOJITO in SASRec's regime, ml-1m-half, 3 seeds
 #     bash benchmarks/gpu_session.sh stream   # warm vs cold stream, ml-1m-half, SASRec, 5 batches
 # Each phase merges its rows into benchmarks/results/*.json as the CPU runs do and, where $OUT is set (the
 # device tool's folder that comes back), copies those files there: merge them into the checkout's own with
@@ -60,13 +60,16 @@ case "$phase" in
     results=(models.json)
     ;;
   claims)
-    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
-      --runs bert4rec mojito --work-dir "$WORK/claims"
+    # BERT4Rec and MOJITO in SASRec's regime (benchmarks/curves.py BERT4REC_LONG, MOJITO_LONG), against the
+    # SASRec seeds of the `sasrec` phase
+    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --seeds 3 \
+      --runs 'mojito@batching=random,patience=20,min_epochs=100,windows=all' \
+             'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2' --work-dir "$WORK/claims"
     results=(models.json)
     ;;
   stream)
     run benchmarks/bench_stream.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
-      --models sasrec --batches 5 --work-dir "$WORK/stream"
+      --models sasrec 'sasrec@warm_keep=0.7' --batches 5 --work-dir "$WORK/stream"  # one cold line, two warm
     results=(stream.json)
     ;;
   *)
