@@ -16,7 +16,10 @@ optimiser, early stopping as for cold). `--warm-from deployed` (default): the pr
 its validation NDCG@10 is ≥ the cold one's, else the cold one (validation selects; the test split is
 never looked at); `--warm-from warm`: always the previous warm model (a pure warm line; cold at step 0).
 `train.init: auto`'s policy (every 5th version cold, catalogue-growth limit) is not exercised: every warm
-run here is warm. Runs that differ only in warm settings (`sasrec` and `sasrec@warm_keep=0.7`) share one cold
+run here is warm. From step 1 each row also splits test and validation NDCG@10 by the users with events in
+that step's window and the rest (`test_by_activity`, `valid_by_activity`; the summary's warm/cold ratio per
+group): the rest keep the targets the previous step's model was selected on, which a warm start inherits.
+Runs that differ only in warm settings (`sasrec` and `sasrec@warm_keep=0.7`) share one cold
 run per step (trained once; the copy's row says `cold_trained_as`), so a warm variant costs its warm runs.
 
 Per step and model: test NDCG@10 / HR@10 (full ranking, scored once), validation NDCG@10, best epoch, epochs
@@ -123,8 +126,22 @@ def install_warm_source(checkpoint: Path, warm_dir: Path, version: int) -> None:
 # --- one training run ---------------------------------------------------------------------------------------
 
 
+def by_activity(per_user: pd.DataFrame, active: set | None) -> dict | None:
+    """NDCG@10 of the users with events in this step's window ("active": their validation / test targets are
+    new) and of the rest ("inactive": the same targets as at the previous step, which that step's model was
+    selected on — a warm start inherits that selection). None at step 0."""
+    if active is None:
+        return None
+    is_active = per_user["user_id"].isin(active).to_numpy()
+    out = {}
+    for name, mask in (("active", is_active), ("inactive", ~is_active)):
+        out[name] = {"users": int(mask.sum()),
+                     "ndcg@10": round(float(per_user["ndcg@10"].to_numpy()[mask].mean()), 5) if mask.any() else None}
+    return out
+
+
 def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
-                    warm_dir: Path | None) -> tuple[dict, Path]:
+                    warm_dir: Path | None, active: set | None = None) -> tuple[dict, Path]:
     """One training run and its test score; in a kept `--work-dir`, a run that finished before the process
     was stopped is read back (its row and checkpoint), not trained again."""
     out = work / f"step{step}" / f"{_slug(run)}-{init}"
@@ -145,6 +162,8 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
                          resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir)
     device = str(resolve_device(args.device))
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=device)
+    # Validation per user (the split that selected the epoch) for the by-activity diagnostic; seconds.
+    valid_ev = evaluate_checkpoint(out, prepared_dir, "valid", params.evaluate, device=device) if active else None
     mapping = read_meta(out).get("init") or {}
     row = {
         "step": step,
@@ -165,6 +184,8 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
         "items": mapping.get("items"),  # kept / new / dropped by the raw-id mapping (warm runs)
         "users": mapping.get("users"),  # MOJITO's user rows
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "test_by_activity": by_activity(ev.per_user, active),
+        "valid_by_activity": by_activity(valid_ev.per_user, active) if valid_ev else None,
         **settings,
     }
     log.info("step=%d %s init=%s test_ndcg@10=%.4f valid_ndcg@10=%.4f best_epoch=%d time_to_best=%.0fs "
@@ -217,6 +238,17 @@ def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
             cpu = [by[s, "warm"]["cpu_seconds_to_best"] / max(by[s, "cold"]["cpu_seconds_to_best"], 1e-9)
                    for s in steps]
         judged = statistics.mean(cpu) if cpu else mean_best
+
+        def activity_ratio(split: str, group: str) -> float | None:
+            """Mean over the batches of warm/cold NDCG@10 on one group of users (rows before session 10
+            lack the split: None)."""
+            ratios = []
+            for s in steps:
+                warm, cold = by[s, "warm"].get(split), by[s, "cold"].get(split)
+                if not warm or not cold or warm[group]["ndcg@10"] is None or not cold[group]["ndcg@10"]:
+                    return None
+                ratios.append(warm[group]["ndcg@10"] / cold[group]["ndcg@10"])
+            return round(statistics.mean(ratios), 4)
         out[run] = {
             "batches": steps,
             "ndcg_ratio": [round(x, 4) for x in ndcg],
@@ -229,6 +261,9 @@ def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
             "mean_cpu_time_to_best_ratio": round(statistics.mean(cpu), 4) if cpu else None,
             "meets_target": bool(mean_ndcg >= TARGET_NDCG_RATIO and judged <= TARGET_TIME_RATIO),
             "capped_runs": capped,
+            "ndcg_ratio_by_activity": {f"{split.split('_')[0]} {group}": activity_ratio(split, group)
+                                       for split in ("test_by_activity", "valid_by_activity")
+                                       for group in ("active", "inactive")},
         }
     return out
 
@@ -390,6 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                           "n_valid", "n_test")}})
             log.info("step=%d prepared %s", step, record["steps"][-1])
             colds: dict[str, tuple[str, dict, Path]] = {}  # cold_key → (the run that trained it, row, dir)
+            window = interactions.loc[number == step, schema.USER] if step else None
+            active = None if window is None else set(window.astype(str))
             for run in args.models:
                 key = cold_key(run, params)
                 if key in colds:  # the same cold model as an earlier run's: its row, under this run's name
@@ -399,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
                              run, first)
                 else:
                     cold, cold_dir = train_and_score(run, "cold", step, prepared, prepared_dir, work, params,
-                                                     args, None)
+                                                     args, None, active)
                     colds[key] = (run, cold, cold_dir)
                 record["rows"].append(cold)
                 _save(record, out)
@@ -409,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
                 warm_dir = work / "warm" / f"{_slug(run)}-{step}"
                 install_warm_source(deployed[run], warm_dir, step)  # "version" = the step it is used at
                 warm, warm_ckpt = train_and_score(run, "warm", step, prepared, prepared_dir, work, params,
-                                                  args, warm_dir)
+                                                  args, warm_dir, active)
                 warm["warm_from_checkpoint"] = str(deployed[run].relative_to(work))
                 record["rows"].append(warm)
                 record["summary"] = summarise(record["rows"], args.models)

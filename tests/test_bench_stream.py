@@ -89,6 +89,19 @@ def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_gene
                 p.name.endswith("-cold")] == [f"{bench_stream._slug(TINY_SASREC)}-cold"]  # trained once
     assert by[1, variant, "warm"]["train"]["warm_keep"] == 0.5 and by[1, TINY_SASREC, "warm"]["train"]["warm_keep"] == 1.0
     assert set(record["summary"]) == {TINY_SASREC, variant}
+    # The by-activity diagnostic: step 1's users split into those with events in window 1 and the rest.
+    n_test = record["steps"][1]["n_test"]
+    for (step, _, _), row in by.items():
+        for split in ("test_by_activity", "valid_by_activity"):
+            if step == 0:
+                assert row[split] is None
+                continue
+            groups = row[split]
+            assert groups["active"]["users"] + groups["inactive"]["users"] == n_test
+            assert groups["active"]["users"] > 0
+            assert all(g["ndcg@10"] is None or 0 <= g["ndcg@10"] <= 1 for g in groups.values())
+    ratios = record["summary"][variant]["ndcg_ratio_by_activity"]
+    assert set(ratios) == {"test active", "test inactive", "valid active", "valid inactive"}
 
 
 @pytest.mark.slow  # ~8 s of CPU, but several trainings: out of the fast loop
