@@ -251,6 +251,14 @@ def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None =
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
+    from recsys.model_configs import RETIRED_KEYS, RETIRED_VALUES
+
+    for key in raw:
+        if key in RETIRED_KEYS.get(section, {}):
+            raise ConfigError(f"{section}.{key} no longer exists: {RETIRED_KEYS[section][key]}")
+    for (key, value), why in RETIRED_VALUES.get(section, {}).items():
+        if raw.get(key) == value:
+            raise ConfigError(f"{section}.{key}: {value!r} no longer exists: {why}")
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls) if f.init}
     unknown = sorted(set(raw) - known)

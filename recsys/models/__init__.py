@@ -28,6 +28,16 @@ def build_model(name: str, config: Any, n_items: int, n_users: int) -> Sequentia
 
 
 def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
+    """A model config from a checkpoint's JSON. Keys retired since it was saved (recsys.model_configs
+    RETIRED_KEYS) are dropped; a retired value it depends on (a model trained with a removed loss) is refused
+    with the reason."""
+    from recsys.model_configs import RETIRED_KEYS, RETIRED_VALUES
+
+    for (key, value), why in RETIRED_VALUES.get(name, {}).items():
+        if raw.get(key) == value:
+            raise ValueError(f"{name}: this checkpoint was trained with {key}={value!r}, which no longer exists "
+                             f"({why}); train the model again")
+    raw = {k: v for k, v in raw.items() if k not in RETIRED_KEYS.get(name, {})}
     cls = MODEL_CONFIGS[name]
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(raw) - known

@@ -6,8 +6,7 @@ input and output. Losses (`loss` config field):
 - `bce`: one uniformly sampled negative per position, binary cross-entropy — the paper's objective.
 - `sampled_ce`: softmax cross-entropy over the target and `n_negatives` shared uniform negatives.
 - `ce`: full softmax cross-entropy over the catalogue (Klenitskiy & Vasilev, RecSys 2023: "SASRec+").
-- `gbce`: gSASRec's generalised BCE with `n_negatives` negatives and calibration `gbce_t`
-  (Petrov & Macdonald, RecSys 2023).
+(gSASRec's gBCE was here until session 10; removed for its measured 0.64 × full CE: recsys/model_configs.py.)
 
 Positions are counted from the newest event (the newest is position 0). With the reference code's
 fixed-length left padding this is the same indexing, and it makes outputs invariant to extra padding.
@@ -58,26 +57,10 @@ def sampled_logits(hidden: torch.Tensor, item_emb: torch.Tensor, targets: torch.
     return torch.cat([pos, neg], dim=1)  # (N, 1 + K)
 
 
-def gbce_loss(logits: torch.Tensor, n_items: int, t: float) -> torch.Tensor:
-    """gSASRec's gBCE: -log σ(s⁺)^β - Σ log(1 - σ(s⁻)), β calibrated to the negative-sampling rate.
-
-    The positive term is β·softplus(-s⁺) in closed form. (The reference code rewrites σ(s⁺)^β as a logit to
-    reuse BCE-with-logits, clamping σ at 1e-10: once a score drifts below ≈ -23 the positive gradient is then
-    exactly zero and the negatives drag every score down — training collapses to chance level.)
-    """
-    k = logits.shape[1] - 1
-    alpha = k / (n_items - 1)
-    beta = alpha * (t * (1 - 1 / alpha) + 1 / alpha)
-    pos_loss = beta * F.softplus(-logits[:, 0])
-    # Masked negatives (-inf, an accidental hit of the target) contribute log(1 - σ(-inf)) = 0.
-    neg_loss = F.softplus(logits[:, 1:]).nan_to_num(0.0).sum(1)
-    return (pos_loss + neg_loss).mean()
-
-
 class SASRec(SequentialModel):
     name = "sasrec"
     id_rows = {"item_emb.weight": "items"}
-    warm_free_fields = frozenset({"dropout", "item_dropout", "n_negatives", "gbce_t", "weight_init"})
+    warm_free_fields = frozenset({"dropout", "item_dropout", "n_negatives", "weight_init"})
 
     def __init__(self, config: SASRecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
@@ -126,12 +109,10 @@ class SASRec(SequentialModel):
             pos_loss = F.softplus(-logits[:, 0])
             neg_loss = F.softplus(logits[:, 1]).nan_to_num(0.0)
             return (pos_loss + neg_loss).mean()
-        if cfg.loss == "sampled_ce":
-            neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)
-            logits = sampled_logits(h, emb, y, neg)
-            return F.cross_entropy(logits.float(), torch.zeros_like(y))
-        neg = sample_negatives(self.n_items, (y.shape[0], cfg.n_negatives), h.device)
-        return gbce_loss(sampled_logits(h, emb, y, neg), self.n_items, cfg.gbce_t)
+        # sampled_ce
+        neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)
+        logits = sampled_logits(h, emb, y, neg)
+        return F.cross_entropy(logits.float(), torch.zeros_like(y))
 
     def sequence_scores(self, batch: Batch) -> torch.Tensor:
         """(B, L, I + 1) scores of every item after every position (tests, analysis); column 0 = -inf."""
