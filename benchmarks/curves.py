@@ -42,7 +42,8 @@ _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
 # from ~22 % of a row's events per epoch where SASRec learns from all of them, so it gets a longer floor.
 BERT4REC_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2"
 # BERT4Rec's session-9 bundle without the epoch floor (does the floor matter?), and MOJITO in SASRec's regime
-# (patience 20, the epoch floor, whole-history windows; batching=random is its default since session 7).
+# (uniform batches, patience 20, the epoch floor, whole-history windows) — params.yaml's MOJITO since session 10
+# (tests/test_benchmarks.py checks that it builds exactly that).
 BERT4REC_P40 = "bert4rec@windows=all,patience=40,grad_clip=0,dropout=0.2"
 MOJITO_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")

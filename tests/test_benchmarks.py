@@ -23,6 +23,11 @@ def test_the_default_sasrec_run_is_what_params_yaml_trains():
     assert configs_for(curves.SASREC_DEFAULT_RUN, params) == configs_for("sasrec", params)
 
 
+def test_mojito_in_sasrecs_regime_is_what_params_yaml_trains():
+    params = load_params(ROOT / "params.yaml")
+    assert configs_for(curves.MOJITO_LONG, params) == configs_for("mojito", params)
+
+
 def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
     params = load_params(ROOT / "params.yaml")
     runs = {run for run, _, _ in curves.ABLATION}
