@@ -306,7 +306,8 @@ def main() -> None:
                 finished.parent.mkdir(exist_ok=True)
                 finished.with_suffix(".tmp").write_text(json.dumps(row))
                 finished.with_suffix(".tmp").replace(finished)
-                prune_resume_state(work / "resume", [row["model"]])
+            # The kept final state goes once the row is on disk (also after a kill between the two writes).
+            prune_resume_state(work / "resume", [row["model"]])
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
                          "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],

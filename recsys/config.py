@@ -16,7 +16,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from recsys.layout import PARAMS
-from recsys.model_configs import MODEL_CONFIGS  # no torch: parsing params must not load it
+# no torch: parsing params must not load it
+from recsys.model_configs import MODEL_CONFIGS, RETIRED_KEYS, retired_value
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARAMS = Path(PARAMS)  # relative: entry points run from the repository root, as DVC does
@@ -251,14 +252,12 @@ def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None =
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
-    from recsys.model_configs import RETIRED_KEYS, RETIRED_VALUES
-
     for key in raw:
         if key in RETIRED_KEYS.get(section, {}):
             raise ConfigError(f"{section}.{key} no longer exists: {RETIRED_KEYS[section][key]}")
-    for (key, value), why in RETIRED_VALUES.get(section, {}).items():
-        if raw.get(key) == value:
-            raise ConfigError(f"{section}.{key}: {value!r} no longer exists: {why}")
+    if retired := retired_value(section, raw):
+        key, value, why = retired
+        raise ConfigError(f"{section}.{key}: {value!r} no longer exists: {why}")
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls) if f.init}
     unknown = sorted(set(raw) - known)

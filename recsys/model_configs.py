@@ -112,3 +112,11 @@ GBCE_REMOVED = ("SASRec's gBCE loss was removed (measured: 0.0695 test NDCG@10 a
                 "or sampled_ce for a sampled loss")
 RETIRED_KEYS: dict[str, dict[str, str]] = {"sasrec": {"gbce_t": GBCE_REMOVED}}
 RETIRED_VALUES: dict[str, dict[tuple[str, object], str]] = {"sasrec": {("loss", "gbce"): GBCE_REMOVED}}
+
+
+def retired_value(model: str, raw: dict) -> tuple[str, object, str] | None:
+    """(key, value, why) of the first retired value `raw` (a model's config mapping) sets, else None."""
+    for (key, value), why in RETIRED_VALUES.get(model, {}).items():
+        if raw.get(key) == value:
+            return key, value, why
+    return None

@@ -21,6 +21,31 @@ import bench_stream  # noqa: E402
 TINY_SASREC = "sasrec@dim=8,n_heads=1,n_layers=1,max_len=12,epochs=2,patience=2,windows=last"
 
 
+@pytest.fixture
+def tiny_stream(tmp_path, tiny_generated, repo_root) -> list[str]:
+    """The tiny generated dataset written as an ml-100k `u.data` under tmp_path/data, and params.yaml with a
+    3-core filter beside it: the stream's `--data-root` / `--params` arguments."""
+    frame = tiny_generated.interactions
+    folder = tmp_path / "data" / "ml-100k"
+    folder.mkdir(parents=True)
+    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
+    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
+    base = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return ["--dataset", "ml-100k", "--data-root", str(tmp_path / "data"),
+            "--params", str(tmp_path / "params.yaml")]
+
+
+def run_stream(argv: list[str]) -> dict:
+    """bench_stream.main in this process; `--threads` changes torch's global thread count, restored after."""
+    threads = torch.get_num_threads()
+    try:
+        return bench_stream.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("batches,share", [(5, 0.8), (2, 0.5), (1, 0.9)])
 def test_the_windows_cover_the_tail_once_in_time_order_after_the_history_share(batches, share):
     rng = np.random.default_rng(0)
@@ -60,25 +85,12 @@ def test_runs_that_differ_only_in_warm_settings_share_their_cold_training():
 
 
 @pytest.mark.slow  # four tiny trainings
-def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_generated, repo_root):
-    frame = tiny_generated.interactions
-    folder = tmp_path / "data" / "ml-100k"
-    folder.mkdir(parents=True)
-    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
-    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
-    base = yaml.safe_load((repo_root / "params.yaml").read_text())
-    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_stream):
     variant = f"{TINY_SASREC},warm_keep=0.5"
-    threads = torch.get_num_threads()
-    try:
-        record = bench_stream.main([
-            "--dataset", "ml-100k", "--data-root", str(tmp_path / "data"),
-            "--params", str(tmp_path / "params.yaml"), "--models", TINY_SASREC, variant,
-            "--batches", "1", "--history-share", "0.6", "--threads", "1", "--device", "cpu",
-            "--out", str(tmp_path / "stream.json"), "--work-dir", str(tmp_path / "work")])
-    finally:
-        torch.set_num_threads(threads)
+    record = run_stream([
+        *tiny_stream, "--models", TINY_SASREC, variant, "--batches", "1", "--history-share", "0.6",
+        "--threads", "1", "--device", "cpu", "--out", str(tmp_path / "stream.json"),
+        "--work-dir", str(tmp_path / "work")])
     by = {(r["step"], r["run"], r["init"]): r for r in record["rows"]}
     assert sorted(by) == sorted((s, run, i) for run in (TINY_SASREC, variant) for s, i in
                                 ((0, "cold"), (1, "cold"), (1, "warm")))
@@ -87,7 +99,8 @@ def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_gene
         assert by[step, variant, "cold"]["test_ndcg@10"] == by[step, TINY_SASREC, "cold"]["test_ndcg@10"]
         assert [p.name for p in (tmp_path / "work" / f"step{step}").iterdir() if p.is_dir() and
                 p.name.endswith("-cold")] == [f"{bench_stream._slug(TINY_SASREC)}-cold"]  # trained once
-    assert by[1, variant, "warm"]["train"]["warm_keep"] == 0.5 and by[1, TINY_SASREC, "warm"]["train"]["warm_keep"] == 1.0
+    assert by[1, variant, "warm"]["train"]["warm_keep"] == 0.5
+    assert by[1, TINY_SASREC, "warm"]["train"]["warm_keep"] == 1.0
     assert set(record["summary"]) == {TINY_SASREC, variant}
     # The by-activity diagnostic: step 1's users split into those with events in window 1 and the rest.
     n_test = record["steps"][1]["n_test"]
@@ -105,26 +118,12 @@ def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_gene
 
 
 @pytest.mark.slow  # ~8 s of CPU, but several trainings: out of the fast loop
-def test_a_tiny_stream_has_warm_and_cold_rows_for_every_batch(tmp_path, tiny_generated, repo_root):
+def test_a_tiny_stream_has_warm_and_cold_rows_for_every_batch(tmp_path, tiny_stream, tiny_generated):
     """Two batches of the tiny generated dataset written as an ml-100k `u.data`, a 2-epoch SASRec."""
-    frame = tiny_generated.interactions
-    folder = tmp_path / "data" / "ml-100k"
-    folder.mkdir(parents=True)
-    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
-    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
-    base = yaml.safe_load((repo_root / "params.yaml").read_text())
-    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out = tmp_path / "results" / "stream.json"
-    threads = torch.get_num_threads()
-    try:
-        record = bench_stream.main([
-            "--dataset", "ml-100k", "--data-root", str(tmp_path / "data"),
-            "--params", str(tmp_path / "params.yaml"), "--models", TINY_SASREC,
-            "--batches", "2", "--history-share", "0.6", "--threads", "1", "--device", "cpu", "--seed", "3",
-            "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    record = run_stream([
+        *tiny_stream, "--models", TINY_SASREC, "--batches", "2", "--history-share", "0.6", "--threads", "1",
+        "--device", "cpu", "--seed", "3", "--out", str(out)])
     saved = json.loads(out.read_text())
     assert len(saved) == 1 and saved[0]["complete"] and saved[0] == json.loads(json.dumps(record))
     rows = saved[0]["rows"]
@@ -143,7 +142,8 @@ def test_a_tiny_stream_has_warm_and_cold_rows_for_every_batch(tmp_path, tiny_gen
                for r in rows)
     assert len(summary["cpu_time_to_best_ratio"]) == 2
     assert [w["batch"] for w in saved[0]["windows"]] == [1, 2]
-    assert saved[0]["history"]["events"] + sum(w["events"] for w in saved[0]["windows"]) == len(frame)
+    assert saved[0]["history"]["events"] + sum(w["events"] for w in saved[0]["windows"]) == len(
+        tiny_generated.interactions)
     assert [s["raw_events"] for s in saved[0]["steps"]] == sorted(s["raw_events"] for s in saved[0]["steps"])
     for key in ("command", "commit", "load_average_before", "load_average_after"):
         assert saved[0][key]
@@ -170,23 +170,14 @@ def test_the_time_target_is_judged_on_cpu_seconds_where_every_run_has_them():
 
 
 @pytest.mark.slow  # three benchmark processes, ~11 s: out of the fast loop
-def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_generated, repo_root):
+def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_stream):
     """A real kill (RECSYS_FAULT: `os._exit` after step 0's first epoch), then the same command resumes that
     run from its saved epoch; a third run reads every finished run back instead of training it again."""
     import os
     import subprocess
 
-    frame = tiny_generated.interactions
-    folder = tmp_path / "data" / "ml-100k"
-    folder.mkdir(parents=True)
-    rows = zip(frame["user_id"], frame["item_id"], [4] * len(frame), frame["timestamp"])
-    (folder / "u.data").write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in rows))
-    base = yaml.safe_load((repo_root / "params.yaml").read_text())
-    params = merge_params(base, {"prepare": {"min_user_interactions": 3, "min_item_interactions": 3}})
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out, work = tmp_path / "results" / "stream.json", tmp_path / "work"
-    argv = ["--dataset", "ml-100k", "--data-root", str(tmp_path / "data"), "--params", str(tmp_path / "params.yaml"),
-            "--models", TINY_SASREC, "--batches", "1", "--history-share", "0.6", "--threads", "1",
+    argv = [*tiny_stream, "--models", TINY_SASREC, "--batches", "1", "--history-share", "0.6", "--threads", "1",
             "--device", "cpu", "--out", str(out), "--work-dir", str(work)]
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_stream.py"), *argv]
     env = {**os.environ, "RECSYS_FAULT": "after_epoch_saved"}
@@ -201,18 +192,10 @@ def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_genera
     assert first["complete"] and sorted((r["step"], r["init"]) for r in first["rows"]) == [
         (0, "cold"), (1, "cold"), (1, "warm")]
     assert all(r["epochs_run"] == 2 for r in first["rows"])
-    threads = torch.get_num_threads()
-    try:
-        again = bench_stream.main(argv)  # every run finished: read back, none trained
-    finally:
-        torch.set_num_threads(threads)
+    again = run_stream(argv)  # every run finished: read back, none trained
     assert [r.get("resumed") for r in again["rows"]] == [True, True, True]
     assert [r["test_ndcg@10"] for r in again["rows"]] == [r["test_ndcg@10"] for r in first["rows"]]
     # Another stream in the same work dir (a different history share re-cuts every step) is refused, not mixed.
     changed = [*argv[:argv.index("--history-share") + 1], "0.7", *argv[argv.index("--history-share") + 2:]]
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(SystemExit, match=r"stream: history_share=0\.6 \(now 0\.7\)"):
-            bench_stream.main(changed)
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit, match=r"stream: history_share=0\.6 \(now 0\.7\)"):
+        run_stream(changed)

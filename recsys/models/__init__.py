@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from recsys.model_configs import MODEL_CONFIGS
+from recsys.model_configs import MODEL_CONFIGS, RETIRED_KEYS, retired_value
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.bert4rec import BERT4Rec
 from recsys.models.mojito import Mojito
@@ -31,12 +31,10 @@ def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
     """A model config from a checkpoint's JSON. Keys retired since it was saved (recsys.model_configs
     RETIRED_KEYS) are dropped; a retired value it depends on (a model trained with a removed loss) is refused
     with the reason."""
-    from recsys.model_configs import RETIRED_KEYS, RETIRED_VALUES
-
-    for (key, value), why in RETIRED_VALUES.get(name, {}).items():
-        if raw.get(key) == value:
-            raise ValueError(f"{name}: this checkpoint was trained with {key}={value!r}, which no longer exists "
-                             f"({why}); train the model again")
+    if retired := retired_value(name, raw):
+        key, value, why = retired
+        raise ValueError(f"{name}: this checkpoint was trained with {key}={value!r}, which no longer exists "
+                         f"({why}); train the model again")
     raw = {k: v for k, v in raw.items() if k not in RETIRED_KEYS.get(name, {})}
     cls = MODEL_CONFIGS[name]
     known = {f.name for f in dataclasses.fields(cls)}
