@@ -29,7 +29,10 @@ the issue's target (≥ 0.99 and ≤ 0.30). `--max-minutes` caps each training r
 then says so). Models may carry overrides as in bench_models.py's `--runs`: `sasrec@dim=32,epochs=5`.
 `--work-dir DIR` keeps the prepared steps, checkpoints and per-epoch resume state: the same command run again
 after a kill reads back the runs that finished (rows marked `resumed`) and continues the interrupted one from
-its last finished epoch — a stream of hours on a CPU survives an interrupted session.
+its last finished epoch — a stream of hours on a CPU survives an interrupted session. The cold runs do not
+depend on one another, so a second process can take half of them: the same command with `--cold-only` added
+(and the same `--work-dir`) trains cold runs newest step first while the main process goes forward; each run
+is claimed by one process (a lock file the kernel releases if its holder dies), and the other reads it back.
 
 Results go to `--out` (default benchmarks/results/stream.json; one record per dataset / models / batches /
 device, replaced when rerun; written after every training run so a stopped benchmark keeps its numbers),
@@ -40,7 +43,9 @@ the generated table in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -140,11 +145,48 @@ def by_activity(per_user: pd.DataFrame, active: set | None) -> dict | None:
     return out
 
 
+@contextlib.contextmanager
+def claimed(path: Path, wait: bool = True):
+    """An exclusive claim on `path` (a lock file beside it) among the processes sharing one --work-dir; yields
+    False (without waiting) when `wait` is off and another process holds it. The kernel drops the claim when
+    its holder dies, so a killed process leaves no stale claim behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_prepared(prepared, prepared_dir: Path) -> None:
+    """Write a step's prepared data once: a process sharing the work dir may be reading it."""
+    with claimed(prepared_dir):
+        marker = prepared_dir / "fingerprint.json"
+        if not (marker.is_file() and json.loads(marker.read_text()) == prepared.fingerprint):
+            save(prepared, prepared_dir)
+
+
 def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
-                    warm_dir: Path | None, active: set | None = None) -> tuple[dict, Path]:
+                    warm_dir: Path | None, active: set | None = None, wait: bool = True) -> tuple[dict | None, Path]:
     """One training run and its test score; in a kept `--work-dir`, a run that finished before the process
-    was stopped is read back (its row and checkpoint), not trained again."""
+    was stopped — or that another process sharing the work dir trained — is read back (its row and
+    checkpoint), not trained again. A run another process is training is waited for, or skipped (row None)
+    when `wait` is off."""
     out = work / f"step{step}" / f"{_slug(run)}-{init}"
+    with claimed(out, wait) as mine:
+        if not mine:
+            log.info("step=%d %s init=%s: another process is training it; skipped", step, run, init)
+            return None, out
+        return _train_and_score(run, init, step, prepared, prepared_dir, work, params, args, warm_dir, active, out)
+
+
+def _train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
+                     warm_dir: Path | None, active: set | None, out: Path) -> tuple[dict, Path]:
     finished = out.with_suffix(".row.json")
     name, model_config, train_config = configs_for(run, params)
     seed = train_config.seed if args.seed is None else args.seed
@@ -375,7 +417,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--work-dir", default="",
                         help="keep prepared steps, checkpoints and resume state here; the same command run "
                              "again resumes (finished runs are read back, an interrupted one continues)")
+    parser.add_argument("--cold-only", action="store_true",
+                        help="a helper beside the main process on the same --work-dir (same other arguments): "
+                             "trains the cold runs only, newest step first, skipping any run another process is "
+                             "training; writes no results (the main process reads its runs back)")
     args = parser.parse_args(argv)
+    if args.cold_only and not args.work_dir:
+        parser.error("--cold-only needs the --work-dir of the main process it helps")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -387,6 +435,8 @@ def main(argv: list[str] | None = None) -> dict:
     interactions, titles = read_dataset(args.dataset, args.data_root)
     times = interactions[schema.TIMESTAMP].to_numpy()
     number, edges = stream_batches(times, args.batches, args.history_share)
+    if args.cold_only:
+        return cold_helper(args, params, interactions, titles, number)
     device = str(resolve_device(args.device))
     record = {
         "dataset": args.dataset,
@@ -418,7 +468,7 @@ def main(argv: list[str] | None = None) -> dict:
         for step in range(args.batches + 1):
             prepared = prepare(interactions[number <= step], params.prepare, titles)
             prepared_dir = work / f"step{step}" / "prepared"
-            save(prepared, prepared_dir)
+            save_prepared(prepared, prepared_dir)
             fp = prepared.fingerprint
             record["steps"].append({"step": step, "raw_events": int((number <= step).sum()),
                                     **{k: fp[k] for k in ("n_users", "n_items", "n_events", "n_train",
@@ -466,6 +516,28 @@ def main(argv: list[str] | None = None) -> dict:
     if picture:
         log.info("plot: %s", picture)
     return record
+
+
+def cold_helper(args, params, interactions: pd.DataFrame, titles, number: np.ndarray) -> dict:
+    """`--cold-only`: every step's cold runs (one per distinct cold model), newest step first, so that a main
+    process going forward from step 0 meets this one in the middle; cold runs do not depend on each other."""
+    trained, skipped = [], []
+    with work_area(args.work_dir) as work:
+        for step in range(args.batches, -1, -1):
+            prepared = prepare(interactions[number <= step], params.prepare, titles)
+            prepared_dir = work / f"step{step}" / "prepared"
+            save_prepared(prepared, prepared_dir)
+            window = interactions.loc[number == step, schema.USER] if step else None
+            active = None if window is None else set(window.astype(str))
+            for i, run in enumerate(args.models):
+                if any(cold_key(run, params) == cold_key(r, params) for r in args.models[:i]):
+                    continue  # the main process trains this cold model once, under the first run's name
+                row, _ = train_and_score(run, "cold", step, prepared, prepared_dir, work, params, args, None,
+                                         active, wait=False)
+                (trained if row is not None else skipped).append({"step": step, "run": run})
+    log.info("cold helper done: %d runs trained or read back, %d skipped (another process had them)",
+             len(trained), len(skipped))
+    return {"cold_only": True, "trained": trained, "skipped": skipped}
 
 
 def _save(record: dict, out: Path) -> list[dict]:

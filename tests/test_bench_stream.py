@@ -199,3 +199,33 @@ def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_stream
     changed = [*argv[:argv.index("--history-share") + 1], "0.7", *argv[argv.index("--history-share") + 2:]]
     with pytest.raises(SystemExit, match=r"stream: history_share=0\.6 \(now 0\.7\)"):
         run_stream(changed)
+
+
+def test_the_cold_helper_needs_the_work_dir_it_shares(tiny_stream, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_stream([*tiny_stream, "--models", TINY_SASREC, "--cold-only"])
+    assert stop.value.code == 2 and "--cold-only needs the --work-dir" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # five tiny trainings
+def test_a_cold_helper_takes_the_cold_runs_nobody_holds_and_the_main_process_reads_them_back(tmp_path, tiny_stream):
+    """`--cold-only` beside a main process: step 1's cold run is claimed (as the main process would hold it
+    while training), so the helper skips it and trains steps 2 and 0, newest first; it writes no results.
+    The main process then reads those two back and trains only step 1's cold run and the warm runs."""
+    out, work = tmp_path / "stream.json", tmp_path / "work"
+    argv = [*tiny_stream, "--models", TINY_SASREC, "--batches", "2", "--history-share", "0.6", "--threads", "1",
+            "--device", "cpu", "--out", str(out), "--work-dir", str(work)]
+    held = work / "step1" / f"{bench_stream._slug(TINY_SASREC)}-cold"
+    with bench_stream.claimed(held) as mine:
+        assert mine
+        helper = run_stream([*argv, "--cold-only"])
+        with bench_stream.claimed(held, wait=False) as again:
+            assert not again  # a second claim on a held run does not wait and does not get it
+    assert helper["trained"] == [{"step": 2, "run": TINY_SASREC}, {"step": 0, "run": TINY_SASREC}]
+    assert helper["skipped"] == [{"step": 1, "run": TINY_SASREC}]
+    assert not out.exists()
+    record = run_stream(argv)
+    resumed = {(r["step"], r["init"]): bool(r.get("resumed")) for r in record["rows"]}
+    assert resumed == {(0, "cold"): True, (1, "cold"): False, (1, "warm"): False, (2, "cold"): True,
+                       (2, "warm"): False}
+    assert record["complete"] and len(json.loads(out.read_text())) == 1
