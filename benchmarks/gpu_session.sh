@@ -68,8 +68,13 @@ case "$phase" in
     results=(models.json)
     ;;
   stream)
-    run benchmarks/bench_stream.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
-      --models sasrec 'sasrec@warm_keep=0.7' --batches 5 --work-dir "$WORK/stream"  # one cold line, two warm
+    # one cold line, two warm; a --cold-only helper on the same GPU trains cold runs newest step first
+    stream=(benchmarks/bench_stream.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE"
+            --models sasrec 'sasrec@warm_keep=0.7' --batches 5 --work-dir "$WORK/stream")
+    run "${stream[@]}" --cold-only &
+    helper=$!
+    run "${stream[@]}"
+    wait "$helper" || echo "gpu_session: the cold helper stopped early (the main process trained what it left)" >&2
     results=(stream.json)
     ;;
   *)
