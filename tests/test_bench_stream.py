@@ -169,6 +169,40 @@ def test_the_time_target_is_judged_on_cpu_seconds_where_every_run_has_them():
     assert summary["mean_cpu_time_to_best_ratio"] is None and not summary["meets_target"]
 
 
+def _record(seed: int, runs: tuple[str, ...], ratio: float, dropout: float = 0.2) -> dict:
+    """A complete one-batch stream record: cold 0.1 test NDCG@10 and `ratio` × that warm, per run."""
+    rows = []
+    for run in runs:
+        settings = {"config": {"dropout": dropout}, "train": {"seed": seed, "patience": 20}, "items": None,
+                    "test_hr@10": 0.2, "valid_ndcg@10": 0.1, "best_epoch": 9, "epochs_run": 10,
+                    "load_average_before_after": [1.0, 1.0]}
+        rows += [{**r, **settings} for r in _pair(1, {"test_ndcg@10": 0.1 * ratio, "seconds_to_best": 20.0},
+                                                {"seconds_to_best": 100.0})]
+        rows[-2]["run"] = rows[-1]["run"] = run
+    return {"dataset": "ml-100k", "runs": list(runs), "batches": 1, "history_share": 0.8,
+            "machine": {"device": "cpu"}, "warm_from": "deployed", "seed": None, "complete": True,
+            "rows": rows, "summary": bench_stream.summarise(rows, list(runs))}
+
+
+def test_streams_of_other_seeds_are_kept_side_by_side_and_averaged_over_seeds(tmp_path):
+    """A rerun of a seed replaces its own record, another seed adds one; the over-seeds table groups a run
+    by what it trained (not by the other runs of its command, nor by a name whose defaults changed)."""
+    out = tmp_path / "stream.json"
+    bench_stream.write_record(_record(42, ("sasrec", "sasrec@warm_keep=0.7"), 1.00), out)
+    bench_stream.write_record(_record(43, ("sasrec",), 0.96), out)
+    bench_stream.write_record(_record(43, ("sasrec",), 0.98), out)  # seed 43 again: replaces its record
+    kept = bench_stream.write_record(_record(44, ("sasrec",), 0.90, dropout=0.3), out)  # other settings
+    assert [bench_stream.record_seed(r) for r in kept] == [42, 43, 44]
+    groups = bench_stream.over_seeds(kept)
+    assert len(groups) == 1
+    (group,) = groups
+    assert group["run"] == "sasrec" and group["seeds"] == [42, 43]
+    assert group["mean_ndcg_ratio"] == [1.0, 0.98] and group["mean_time_to_best_ratio"] == [0.2, 0.2]
+    table = bench_stream.render_table(kept)
+    assert "| ml-100k | cpu | sasrec | 1 | 42, 43 | 0.9900 ± 0.0141 (1.0000, 0.9800) |" in table
+    assert table.rstrip().endswith("| met |")
+
+
 @pytest.mark.slow  # three benchmark processes, ~11 s: out of the fast loop
 def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_stream):
     """A real kill (RECSYS_FAULT: `os._exit` after step 0's first epoch), then the same command resumes that
