@@ -390,16 +390,16 @@ def render_table(records: list[dict]) -> str:
                 f"| {r['best_epoch']} | {r['epochs_run']} | {r['seconds_to_best']} | {r['seconds_total']} "
                 f"| {r['stopped_by']} "
                 f"| {mapped} | {r['load_average_before_after']} |")
-    lines += ["", "| dataset | device | run | seed | batches | warm/cold NDCG@10 (mean) "
+    lines += ["", "| dataset | device | run | seed | commit | batches | warm/cold NDCG@10 (mean) "
               "| warm/cold time to best (mean; wall, and CPU where recorded: the target's judge) | warm/cold total time (mean) | target ≥ 0.99 and ≤ 0.30 "
               "| capped runs |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
         seed = record_seed(rec)
         for run, s in rec["summary"].items():
             lines.append(
                 f"| {rec['dataset']} | {rec['machine']['device']} | {run} | {seed if seed is not None else '—'} "
-                f"| {len(s['batches'])} "
+                f"| {rec.get('commit') or '—'} | {len(s['batches'])} "
                 f"| {s['mean_ndcg_ratio']} ({', '.join(map(str, s['ndcg_ratio']))}) "
                 f"| {s['mean_time_to_best_ratio']} ({', '.join(map(str, s['time_to_best_ratio']))})"
                 + (f"; CPU s {s['mean_cpu_time_to_best_ratio']}" if s.get("mean_cpu_time_to_best_ratio") else "")
