@@ -38,6 +38,8 @@ _MIN100 = f"{_WINDOWS_ALL},min_epochs=100"
 # this run and the plain `sasrec` run build the same configuration.
 SASREC_DEFAULT_RUN = f"{_MIN100},batching=random"
 _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
+# The defaults with a longer patience instead of the epoch floor (the floor is a data-size setting).
+SASREC_P40 = "sasrec:ce@residual=reference,n_heads=2,patience=40,grad_clip=0,windows=all,batching=random"
 # BERT4Rec trained in SASRec's regime (session 9; batching=random is already BERT4Rec's default): it learns
 # from ~22 % of a row's events per epoch where SASRec learns from all of them, so it gets a longer floor.
 BERT4REC_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2"
@@ -63,6 +65,12 @@ ABLATION = (
     (f"{_MIN100},weight_init=xavier,emb_scale=false", _MIN100, "RecTools' init (Xavier everywhere), no √d scale"),
     (SASREC_DEFAULT_RUN, _MIN100,
      "uniform random batches (from length-bucketed: the same short histories shared a batch every epoch)"),
+    (f"{SASREC_DEFAULT_RUN},weight_decay=0.0001", SASREC_DEFAULT_RUN, "weight decay 1e-4 (Adam's L2; from 0)"),
+    (f"{SASREC_DEFAULT_RUN},warmup_steps=100", SASREC_DEFAULT_RUN,
+     "linear learning-rate warm-up over 100 optimiser steps (≈ 11 epochs on ML-100K)"),
+    (f"{SASREC_DEFAULT_RUN},dropout=0.1", SASREC_DEFAULT_RUN, "dropout 0.1 (from 0.2)"),
+    (f"{SASREC_DEFAULT_RUN},dropout=0.3", SASREC_DEFAULT_RUN, "dropout 0.3 (from 0.2)"),
+    (SASREC_P40, SASREC_DEFAULT_RUN, "patience 40 and no epoch floor (from patience 20 and a floor of 100)"),
     ("bert4rec@batching=random", None, "BERT4Rec's defaults (uniform batches, the newest window, patience 20, clipping 5)"),
     (BERT4REC_LONG, "bert4rec@batching=random",
      "BERT4Rec: whole history, no early stop before epoch 200, patience 40, no clipping, dropout 0.2"),
