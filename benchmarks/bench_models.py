@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.config import load_params  # noqa: E402
-from results_md import mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
+from results_md import claimed, mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
 from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
@@ -193,11 +193,7 @@ def row_key(row: dict) -> tuple[str, str, int]:
 
 def merge(results: list[dict]) -> list[dict]:
     """Read-modify-write under a lock: several benchmark processes may finish runs at the same time."""
-    import fcntl
-
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS.with_suffix(".lock"), "a+") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    with claimed(RESULTS):
         existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
         keep = {row_key(r): r for r in existing}
         for r in results:

@@ -43,9 +43,7 @@ the generated table in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -69,6 +67,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_models import (  # noqa: E402
     READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between, work_area)
+from results_md import claimed, mean_sd  # noqa: E402
 
 from recsys import schema  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
@@ -145,30 +144,18 @@ def by_activity(per_user: pd.DataFrame, active: set | None) -> dict | None:
     return out
 
 
-@contextlib.contextmanager
-def claimed(path: Path, wait: bool = True):
-    """An exclusive claim on `path` (a lock file beside it) among the processes sharing one --work-dir; yields
-    False (without waiting) when `wait` is off and another process holds it. The kernel drops the claim when
-    its holder dies, so a killed process leaves no stale claim behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def save_prepared(prepared, prepared_dir: Path) -> None:
-    """Write a step's prepared data once: a process sharing the work dir may be reading it."""
+def prepare_step(step: int, interactions: pd.DataFrame, number: np.ndarray, params, titles, work: Path):
+    """Step `step`'s cumulative data prepared and written to the work dir once (a process sharing the work dir
+    may be reading it), and the users with events in the step's window (None at step 0)."""
+    prepared = prepare(interactions[number <= step], params.prepare, titles)
+    prepared_dir = work / f"step{step}" / "prepared"
     with claimed(prepared_dir):
         marker = prepared_dir / "fingerprint.json"
         if not (marker.is_file() and json.loads(marker.read_text()) == prepared.fingerprint):
             save(prepared, prepared_dir)
+    window = interactions.loc[number == step, schema.USER] if step else None
+    active = None if window is None else set(window.astype(str))
+    return prepared, prepared_dir, active
 
 
 def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path, work: Path, params, args,
@@ -259,6 +246,11 @@ def _slug(run: str) -> str:
 # --- summary, files, plot -----------------------------------------------------------------------------------
 
 
+def meets_target(ndcg_ratio: float, time_ratio: float) -> bool:
+    """The issue's aim for warm/cold: test NDCG@10 ≥ 0.99 × in ≤ 0.30 × the time to best."""
+    return ndcg_ratio >= TARGET_NDCG_RATIO and time_ratio <= TARGET_TIME_RATIO
+
+
 def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
     """Per run: warm/cold ratios at each batch (test NDCG@10, seconds to best, total seconds) and their means
     over the batches, against the issue's target."""
@@ -301,7 +293,7 @@ def summarise(rows: list[dict], runs: list[str]) -> dict[str, dict]:
             "mean_total_time_ratio": round(statistics.mean(total), 4),
             "cpu_time_to_best_ratio": [round(x, 4) for x in cpu] if cpu else None,
             "mean_cpu_time_to_best_ratio": round(statistics.mean(cpu), 4) if cpu else None,
-            "meets_target": bool(mean_ndcg >= TARGET_NDCG_RATIO and judged <= TARGET_TIME_RATIO),
+            "meets_target": meets_target(mean_ndcg, judged),
             "capped_runs": capped,
             "ndcg_ratio_by_activity": {f"{split.split('_')[0]} {group}": activity_ratio(split, group)
                                        for split in ("test_by_activity", "valid_by_activity")
@@ -367,11 +359,9 @@ def over_seeds(records: list[dict]) -> list[dict]:
     return out
 
 
-def _mean_sd(values: list[float] | None) -> str:
-    if not values:
-        return "—"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f} ({', '.join(f'{v:.4f}' for v in values)})"
+def _over_seeds_cell(values: list[float] | None) -> str:
+    """mean ± sd, then each seed's value."""
+    return f"{mean_sd(values)} ({', '.join(f'{v:.4f}' for v in values)})" if values else "—"
 
 
 def render_table(records: list[dict]) -> str:
@@ -413,12 +403,11 @@ def render_table(records: list[dict]) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for g in seeded:
             time_judge = g["mean_cpu_time_to_best_ratio"] or g["mean_time_to_best_ratio"]
-            met = statistics.mean(g["mean_ndcg_ratio"]) >= TARGET_NDCG_RATIO and \
-                statistics.mean(time_judge) <= TARGET_TIME_RATIO
+            met = meets_target(statistics.mean(g["mean_ndcg_ratio"]), statistics.mean(time_judge))
             lines.append(
                 f"| {g['dataset']} | {g['device']} | {g['run']} | {g['batches']} "
-                f"| {', '.join(str(x) for x in g['seeds'])} | {_mean_sd(g['mean_ndcg_ratio'])} "
-                f"| {_mean_sd(g['mean_time_to_best_ratio'])} | {_mean_sd(g['mean_cpu_time_to_best_ratio'])} "
+                f"| {', '.join(str(x) for x in g['seeds'])} | {_over_seeds_cell(g['mean_ndcg_ratio'])} "
+                f"| {_over_seeds_cell(g['mean_time_to_best_ratio'])} | {_over_seeds_cell(g['mean_cpu_time_to_best_ratio'])} "
                 f"| {'met' if met else 'not met'} |")
     return "\n".join(lines)
 
@@ -533,17 +522,13 @@ def main(argv: list[str] | None = None) -> dict:
     deployed: dict[str, Path] = {}  # run → checkpoint the previous step deploys
     with work_area(args.work_dir) as work:
         for step in range(args.batches + 1):
-            prepared = prepare(interactions[number <= step], params.prepare, titles)
-            prepared_dir = work / f"step{step}" / "prepared"
-            save_prepared(prepared, prepared_dir)
+            prepared, prepared_dir, active = prepare_step(step, interactions, number, params, titles, work)
             fp = prepared.fingerprint
             record["steps"].append({"step": step, "raw_events": int((number <= step).sum()),
                                     **{k: fp[k] for k in ("n_users", "n_items", "n_events", "n_train",
                                                           "n_valid", "n_test")}})
             log.info("step=%d prepared %s", step, record["steps"][-1])
             colds: dict[str, tuple[str, dict, Path]] = {}  # cold_key → (the run that trained it, row, dir)
-            window = interactions.loc[number == step, schema.USER] if step else None
-            active = None if window is None else set(window.astype(str))
             for run in args.models:
                 key = cold_key(run, params)
                 if key in colds:  # the same cold model as an earlier run's: its row, under this run's name
@@ -589,16 +574,13 @@ def cold_helper(args, params, interactions: pd.DataFrame, titles, number: np.nda
     """`--cold-only`: every step's cold runs (one per distinct cold model), newest step first, so that a main
     process going forward from step 0 meets this one in the middle; cold runs do not depend on each other."""
     trained, skipped = [], []
+    owners: dict[str, str] = {}  # cold_key → the first run with it: the main process trains it under that name
+    for run in args.models:
+        owners.setdefault(cold_key(run, params), run)
     with work_area(args.work_dir) as work:
         for step in range(args.batches, -1, -1):
-            prepared = prepare(interactions[number <= step], params.prepare, titles)
-            prepared_dir = work / f"step{step}" / "prepared"
-            save_prepared(prepared, prepared_dir)
-            window = interactions.loc[number == step, schema.USER] if step else None
-            active = None if window is None else set(window.astype(str))
-            for i, run in enumerate(args.models):
-                if any(cold_key(run, params) == cold_key(r, params) for r in args.models[:i]):
-                    continue  # the main process trains this cold model once, under the first run's name
+            prepared, prepared_dir, active = prepare_step(step, interactions, number, params, titles, work)
+            for run in owners.values():
                 row, _ = train_and_score(run, "cold", step, prepared, prepared_dir, work, params, args, None,
                                          active, wait=False)
                 (trained if row is not None else skipped).append({"step": step, "run": run})

@@ -1,9 +1,12 @@
-"""What every benchmark script shares for benchmarks/RESULTS.md: a generated table between two markers, and
-"mean ± sample sd" over seeds."""
+"""What every benchmark script shares for benchmarks/RESULTS.md: a generated table between two markers,
+"mean ± sample sd" over seeds, and an exclusive claim on a file among the processes writing results."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import statistics
+from pathlib import Path
 
 
 def replace_between(text: str, name: str, body: str) -> str:
@@ -22,3 +25,21 @@ def mean_sd(values: list[float], digits: int = 4, one: str = "") -> str:
     if len(values) == 1:
         return f"{values[0]:.{digits}f}{one}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+@contextlib.contextmanager
+def claimed(path: Path, wait: bool = True):
+    """An exclusive claim on `path` (a lock file beside it, `path` with the suffix `.lock`) among processes;
+    yields False (without waiting) when `wait` is off and another process holds it. The kernel drops the claim
+    when its holder dies, so a killed process leaves no stale claim behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
