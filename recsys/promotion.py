@@ -24,7 +24,7 @@ from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.lineage import Lineage, capture
 from recsys.registry import PromotionDecision, RegistryError, open_registry
-from recsys.registry.core import RescoreFn
+from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
 
 BASELINE = "mostpop"

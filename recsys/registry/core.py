@@ -1,7 +1,7 @@
 """The model registry's writes: registration, the baseline champion, compare-and-promote, rollback.
 
-`promote` in three steps, each safe to repeat after a crash (one file over 400 lines on purpose: every write
-and its locking rule in one place, so a reviewer sees all compare-and-swap paths together):
+`promote` in three steps, each safe to repeat after a crash (the compare-and-swap paths of registration and the
+gate side by side in this one file, under one locking rule):
 1. validate everything, then store the checkpoint content-addressed (`ArtifactStore.put`, idempotent) —
    a refused registration never leaves a copy behind;
 2. register the version under the model's write lock — its number is allocated inside that locked
@@ -15,9 +15,10 @@ and its locking rule in one place, so a reviewer sees all compare-and-swap paths
 
 The registry knows rows, aliases, the audit trail and artifacts — not pipeline paths, git, or which model
 is the baseline: the caller says how to re-score a champion (`rescore`) and which version is a baseline
-(`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. The module stays
-one file (~480 lines; rollback is in rollback.py, reads in reads.py, the alias move in db.py) because registration, the baseline
-champion and compare-and-promote share one locking discipline that is easiest to check side by side.
+(`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. The locked writes stay
+together here; what is not a locked write lives beside it: reads in reads.py, a version's scores on an
+evaluation set (and re-scoring the champion, done before the lock) in evaluations.py, rollback in rollback.py,
+the alias move in db.py.
 """
 
 from __future__ import annotations
@@ -25,19 +26,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from recsys.config import ConfigError, GateConfig, RegistryConfig, validate_name
 from recsys.gate import GateDecision, Scores, decide, load_statistics
-from recsys.registry.migrate import upgrade as upgrade_schema
 from recsys.registry.db import (
-    CHAMPION,
-    Alias,
-    Evaluation,
     ModelVersion,
     PromotionEvent,
     RegisteredModel,
@@ -47,8 +43,9 @@ from recsys.registry.db import (
     read_session,
     resolve_url,
     session_scope,
-    utcnow,
 )
+from recsys.registry.evaluations import RescoreFn, add_evaluation, champion_scores, has_evaluation, scores_of
+from recsys.registry.migrate import upgrade as upgrade_schema
 from recsys.registry.reads import RegistryReads
 from recsys.registry.records import (
     BASELINE_ROLE,
@@ -59,17 +56,13 @@ from recsys.registry.records import (
     clean_metrics,
     decision_from_event,
     finite_or_none,
-    metric_value,
     per_user_columns,
-    per_user_map,
     read_meta,
 )
 from recsys.registry.store import ArtifactStore, StoredArtifact, artifact_root
 
 log = logging.getLogger(__name__)
 
-# rescore(champion checkpoint dir) -> an evaluation result on the candidate's evaluation set.
-RescoreFn = Callable[[Path], Any]
 _MAX_ATTEMPTS = 20
 # Column widths of model_versions (see db.py): checked before anything is copied or written.
 _LIMITS = {"dataset_version": 128, "code_version": 64, "eval_fingerprint": 64}
@@ -77,14 +70,6 @@ _LIMITS = {"dataset_version": 128, "code_version": 64, "eval_fingerprint": 64}
 
 class _ChampionChanged(Exception):
     """Internal: the champion moved between scoring it and taking the lock; decide again."""
-
-
-def _scores(result: Any, metric: str) -> Scores:
-    return Scores(
-        metric_value(getattr(result, "metrics", None), metric),
-        getattr(result, "eval_fingerprint", None) or None,
-        per_user_map(per_user_columns(getattr(result, "per_user", None)), metric),
-    )
 
 
 class Registry(RegistryReads):
@@ -158,7 +143,11 @@ class Registry(RegistryReads):
         stored = self.store.put(Path(candidate_dir))
         # The per-user table is converted (before the lock) only for an evaluation the registry lacks: a
         # re-registration — every run with nothing new — leaves it unread, and reading it loads pandas.
-        known = fingerprint is not None and self._has_evaluation(stored.sha256, fingerprint)
+        if fingerprint is None:
+            known = False
+        else:
+            with read_session(self.engine) as session:
+                known = has_evaluation(session, self._model_id(session), stored.sha256, fingerprint)
         per_user = None if known else per_user_columns(getattr(eval_result, "per_user", None))
 
         def per_user_now() -> dict[str, Any] | None:
@@ -198,44 +187,8 @@ class Registry(RegistryReads):
             elif role is not None and version.role is None:
                 version.role = role
             if fingerprint is not None:
-                self._add_evaluation(session, version.id, fingerprint, metrics, "registration", per_user_now)
+                add_evaluation(session, version.id, fingerprint, metrics, "registration", per_user_now)
             return version.version, stored
-
-    def _has_evaluation(self, artifact_sha256: str, fingerprint: str) -> bool:
-        with read_session(self.engine) as session:
-            found = session.scalar(
-                select(Evaluation.id).join(ModelVersion, Evaluation.version_id == ModelVersion.id).where(
-                    ModelVersion.model_id == self._model_id(session),
-                    ModelVersion.artifact_sha256 == artifact_sha256, Evaluation.eval_fingerprint == fingerprint,
-                ).limit(1)
-            )
-        return found is not None
-
-    @staticmethod
-    def _add_evaluation(
-        session: Session,
-        version_id: int,
-        fingerprint: str,
-        metrics: dict[str, Any],
-        source: str,
-        per_user: Callable[[], dict[str, Any] | None],
-    ) -> None:
-        """Record the evaluation unless it is there; `per_user()` gives its column lists, asked only then."""
-        exists = session.scalar(
-            select(Evaluation.id).where(
-                Evaluation.version_id == version_id, Evaluation.eval_fingerprint == fingerprint
-            )
-        )
-        if exists is None:
-            session.add(
-                Evaluation(
-                    version_id=version_id,
-                    eval_fingerprint=fingerprint,
-                    metrics=metrics,
-                    per_user=per_user(),
-                    source=source,
-                )
-            )
 
     # -- the baseline champion --
 
@@ -309,16 +262,16 @@ class Registry(RegistryReads):
         replay = self._recorded_decision(stored.sha256, fingerprint)
         if replay is not None:
             return replay
-        candidate = _scores(eval_result, metric)
+        candidate = scores_of(eval_result, metric)
         load_statistics()  # before the locked section below, not inside it
-        reference = _scores(baseline_result, metric) if baseline_result is not None else None
+        reference = scores_of(baseline_result, metric) if baseline_result is not None else None
 
         for _attempt in range(_MAX_ATTEMPTS):
             champion = self._champion()
             baseline: Scores | None = None
             if champion is not None and champion.artifact_sha256 != stored.sha256:
                 baseline = (
-                    self._champion_scores(champion, fingerprint, rescore)
+                    champion_scores(self.engine, self.store, champion, fingerprint, rescore, metric)
                     if fingerprint
                     else Scores(None, None)
                 )
@@ -328,44 +281,6 @@ class Registry(RegistryReads):
             except _ChampionChanged:
                 log.info("champion changed while scoring it; deciding again")
         raise RegistryError(f"the champion kept changing; gave up after {_MAX_ATTEMPTS} attempts")
-
-    def _champion_scores(self, champion: Champion, fingerprint: str, rescore: RescoreFn | None) -> Scores:
-        """The champion's scores on the candidate's evaluation set, re-scoring it if never done before."""
-        metric = self.gate.metric
-        with read_session(self.engine) as session:
-            evaluation = session.scalars(
-                select(Evaluation).where(
-                    Evaluation.version_id == champion.version_id, Evaluation.eval_fingerprint == fingerprint
-                )
-            ).one_or_none()
-            if evaluation is not None:
-                return Scores(metric_value(evaluation.metrics, metric), fingerprint,
-                              per_user_map(evaluation.per_user, metric))
-        if rescore is None:
-            raise RegistryError(
-                f"champion v{champion.version} was never scored on evaluation set {fingerprint[:12]} and no "
-                "re-scoring function was given"
-            )
-        # Data changed since the champion was scored: score it again on the candidate's evaluation set.
-        checkpoint = self.store.verify(champion.artifact_sha256)
-        log.info("re-scoring champion v%d on evaluation set %s", champion.version, fingerprint[:12])
-        result = rescore(checkpoint)
-        got = getattr(result, "eval_fingerprint", None)
-        if got != fingerprint:
-            raise RegistryError(
-                f"re-scoring champion v{champion.version} gave evaluation set {str(got)[:12]}, but the "
-                f"candidate was evaluated on {fingerprint[:12]}: evaluate both on the same prepared data"
-            )
-        metrics = clean_metrics(getattr(result, "metrics", None))
-        per_user = per_user_columns(getattr(result, "per_user", None))
-        try:
-            with session_scope(self.engine) as session:
-                self._add_evaluation(session, champion.version_id, fingerprint, metrics, "rescore",
-                                     lambda: per_user)
-        except IntegrityError:
-            pass  # a concurrent promoter stored the same re-score
-        return Scores(metric_value(getattr(result, "metrics", None), metric), fingerprint,
-                      per_user_map(per_user, metric))
 
     def _decide_locked(
         self,
