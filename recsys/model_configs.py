@@ -57,8 +57,13 @@ class BERT4RecConfig:
     last_item_share: float = 0.1
     loss: Literal["ce", "sampled_ce"] = "ce"
     n_negatives: int = 256
+    # "pre_ln": x + f(LN(x)); "reference": the SASRec reference code's arrangement (blocks.py).
+    residual: Literal["pre_ln", "reference"] = "pre_ln"
+    head_norm: bool = False  # Sun et al.'s output transform: LayerNorm(GELU(h W + b)) before Eᵀ
 
     def __post_init__(self) -> None:
+        if self.residual not in ("reference", "pre_ln"):
+            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
         if not 0.0 < self.mask_prob <= 1.0:
             raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
         if not 0.0 <= self.last_item_share <= 1.0:

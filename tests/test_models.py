@@ -198,8 +198,8 @@ def test_full_softmax_loss_is_cross_entropy_of_the_ranked_scores(name):
     assert model.item_emb.weight.grad[1:].abs().sum() > 0
 
 
-@pytest.mark.parametrize("name,residual", [("sasrec", None), ("bert4rec", None), ("mojito", "pre_ln"),
-                                           ("mojito", "reference")])
+@pytest.mark.parametrize("name,residual", [("sasrec", None), ("bert4rec", None), ("bert4rec", "reference"),
+                                           ("mojito", "pre_ln"), ("mojito", "reference")])
 def test_scoring_shortcut_equals_the_full_encoder(name, residual):
     """Scoring runs the final block for the newest position only; that must change nothing."""
     model = make_model(name, **({"residual": residual} if residual else {})).eval()
@@ -211,8 +211,9 @@ def test_scoring_shortcut_equals_the_full_encoder(name, residual):
     torch.testing.assert_close(last[:, 0], full[:, -1])
 
 
-def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions():
-    model = make_model("bert4rec").eval()
+@pytest.mark.parametrize("head_norm", [False, True])
+def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions(head_norm):
+    model = make_model("bert4rec", head_norm=head_norm).eval()
     batch = train_batch(*sequences(B=4, seed=8))
     torch.manual_seed(3)
     loss = model.loss(batch)
@@ -222,6 +223,19 @@ def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions():
     with torch.no_grad():
         logits = model.output_logits(model(seq.masked_fill(masked, model.mask_id))[masked])
     torch.testing.assert_close(loss.detach(), F.cross_entropy(logits, seq[masked]), rtol=1e-5, atol=1e-5)
+
+
+def test_bert4rec_head_norm_normalises_the_output_transform():
+    """`head_norm` (Sun et al.'s LayerNorm after the head's GELU): every transformed row has mean 0, sd 1."""
+    hidden = torch.randn(6, tiny_config("bert4rec").dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        normed = make_model("bert4rec", head_norm=True).eval().transform(hidden)
+        plain = make_model("bert4rec").eval().transform(hidden)
+    torch.testing.assert_close(normed.mean(-1), torch.zeros(6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(normed.var(-1, unbiased=False), torch.ones(6), atol=1e-3, rtol=0)
+    assert plain.mean(-1).abs().min() > 1e-3  # GELU's outputs are not centred: the knob changes the head
+    with pytest.raises(ValueError, match="residual"):
+        BERT4RecConfig(residual="post_ln")
 
 
 def test_bert4rec_outputs_depend_on_later_items():

@@ -3,7 +3,8 @@
 
 A bidirectional transformer (GELU feed-forward) trained with the cloze objective: a share `mask_prob` of the
 items of each training sequence is replaced by a `[mask]` token (id n_items + 1) and predicted from both
-sides. The output head is the paper's `GELU(h W + b) Eᵀ + b_o`, with E tied to the input item embeddings.
+sides. The output head is `GELU(h W + b) Eᵀ + b_o`, with E tied to the input item embeddings; `head_norm`
+puts the paper's LayerNorm after the GELU (off by default: the ablation in benchmarks/RESULTS.md decides).
 At test time a `[mask]` is appended after the history and its output ranks the catalogue.
 
 As in the paper, some training samples mask only the last item, which is exactly the test-time task: a share
@@ -11,7 +12,8 @@ As in the paper, some training samples mask only the last item, which is exactly
 one such sample per user next to its ten random-mask copies, ≈ 1/11). Masking never selects padding, and a
 row whose random draw masked nothing gets its last item masked so that every row teaches something.
 
-Deviations, on purpose: the encoder uses the project's pre-LN blocks (with a final LayerNorm) instead of
+Deviations, on purpose: the encoder uses the project's pre-LN blocks (with a final LayerNorm; `residual:
+reference` gives the SASRec reference code's arrangement, blocks.py) instead of
 BERT's post-LN — pre-LN trains stably at larger learning rates, which BERT4Rec needs (Petrov & Macdonald,
 RecSys 2022 show the reference is badly under-trained); positions count from the newest event, so extra
 left padding never changes an output. Loss: full softmax over the catalogue at the masked positions (`ce`)
@@ -62,11 +64,13 @@ class BERT4Rec(SequentialModel):
         self.pos_emb = nn.Embedding(config.max_len, d)
         self.emb_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=config.ffn_dim, activation="gelu")
+            TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=config.ffn_dim, activation="gelu",
+                             residual=config.residual)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, d)  # W, b of GELU(h W + b) Eᵀ + b_o
+        self.head_norm = nn.LayerNorm(d) if config.head_norm else nn.Identity()
         self.out_bias = nn.Parameter(torch.zeros(n_items + 1))  # b_o; [mask] is never a candidate
         self.apply(_init_weights)
 
@@ -81,9 +85,13 @@ class BERT4Rec(SequentialModel):
             x = block(x, mask, last_only and i == len(self.blocks) - 1)
         return self.final_norm(x)
 
+    def transform(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, D) encoder outputs → (N, D) the head's GELU(h W + b), LayerNorm'd when `head_norm`."""
+        return self.head_norm(F.gelu(self.head(hidden)))
+
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, D) → (N, n_items + 1) logits over padding + real items; column 0 is -inf."""
-        h = F.gelu(self.head(hidden))  # (N, D)
+        h = self.transform(hidden)  # (N, D)
         logits = h @ self.item_emb.weight[: self.n_items + 1].T + self.out_bias  # (N, I + 1)
         logits[:, 0] = float("-inf")
         return logits
@@ -114,11 +122,10 @@ class BERT4Rec(SequentialModel):
         hidden = self(inputs)[masked]  # (N, D)
         y = seq[masked]  # (N,)
         cfg = self.config
+        h = self.transform(hidden)  # (N, D)
         if cfg.loss == "ce":  # full softmax over the real items: the head, chunked (losses.py)
-            h = F.gelu(self.head(hidden))
             weight = self.item_emb.weight[1 : self.n_items + 1]
             return linear_cross_entropy(h, weight, y - 1, bias=self.out_bias[1:])
-        h = F.gelu(self.head(hidden))
         neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)  # (K,)
         emb, bias = self.item_emb.weight, self.out_bias
         pos = (h * emb[y]).sum(-1, keepdim=True) + bias[y, None]  # (N, 1)
