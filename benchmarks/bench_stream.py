@@ -36,7 +36,7 @@ is claimed by one process (a lock file the kernel releases if its holder dies), 
 
 Results go to `--out` (default benchmarks/results/stream.json; one record per dataset / models / batches /
 device, replaced when rerun; written after every training run so a stopped benchmark keeps its numbers),
-a plot beside it (`stream-<dataset>-seed<seed>.png`, when matplotlib is installed), and — for the default `--out` only —
+a plot beside it (`stream-<dataset>-<runs>-seed<seed>.png`, when matplotlib is installed), and — for the default `--out` only —
 the generated table in benchmarks/RESULTS.md.
 """
 
@@ -417,6 +417,11 @@ def update_results_md(records: list[dict]) -> None:
     md.write_text(replace_between(md.read_text(), "stream", render_table(records)))
 
 
+def plot_path(record: dict, directory: Path) -> Path:
+    """One picture per record (dataset, runs, seed): `stream-ml-100k-mojito-seed42.png`."""
+    return directory / f"stream-{record['dataset']}-{_slug('+'.join(record['runs']))}-seed{record_seed(record)}.png"
+
+
 def plot(record: dict, path: Path) -> Path | None:
     try:
         import matplotlib
@@ -560,7 +565,7 @@ def main(argv: list[str] | None = None) -> dict:
     records = _save(record, out)
     if out.resolve() == RESULTS.resolve():
         update_results_md(records)
-    picture = plot(record, out.parent / f"stream-{args.dataset}-seed{record['seed']}.png")
+    picture = plot(record, plot_path(record, out.parent))
     for run, s in record["summary"].items():
         log.info("%s: warm/cold test NDCG@10 %.4f, time to best %.4f (target ≥ %.2f and ≤ %.2f: %s)", run,
                  s["mean_ndcg_ratio"], s["mean_time_to_best_ratio"], TARGET_NDCG_RATIO, TARGET_TIME_RATIO,

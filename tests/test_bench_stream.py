@@ -201,6 +201,11 @@ def test_streams_of_other_seeds_are_kept_side_by_side_and_averaged_over_seeds(tm
     table = bench_stream.render_table(kept)
     assert "| ml-100k | cpu | sasrec | 1 | 42, 43 | 0.9900 ± 0.0141 (1.0000, 0.9800) |" in table
     assert table.rstrip().endswith("| met |")
+    # One picture per record: streams of other models on the same seed do not overwrite each other's.
+    names = {bench_stream.plot_path(r, tmp_path).name for r in kept}
+    names.add(bench_stream.plot_path(_record(42, ("mojito",), 1.0), tmp_path).name)
+    assert names == {"stream-ml-100k-sasrec-sasrec-warm_keep-0.7-seed42.png", "stream-ml-100k-sasrec-seed43.png",
+                     "stream-ml-100k-sasrec-seed44.png", "stream-ml-100k-mojito-seed42.png"}
 
 
 @pytest.mark.slow  # three benchmark processes, ~11 s: out of the fast loop
