@@ -48,6 +48,10 @@ BERT4REC_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dro
 # (tests/test_benchmarks.py checks that it builds exactly that).
 BERT4REC_P40 = "bert4rec@windows=all,patience=40,grad_clip=0,dropout=0.2"
 MOJITO_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
+# Session 12: SASRec's winning block arrangement on BERT4Rec's session-9 bundle, then Sun et al.'s LayerNorm
+# after the output head's GELU on top of it.
+BERT4REC_REF = f"{BERT4REC_LONG},residual=reference"
+BERT4REC_REF_HN = f"{BERT4REC_REF},head_norm=true"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -74,6 +78,8 @@ ABLATION = (
     ("bert4rec@batching=random", None, "BERT4Rec's defaults (uniform batches, the newest window, patience 20, clipping 5)"),
     (BERT4REC_LONG, "bert4rec@batching=random",
      "BERT4Rec: whole history, no early stop before epoch 200, patience 40, no clipping, dropout 0.2"),
+    (BERT4REC_REF, BERT4REC_LONG, "BERT4Rec: the reference block arrangement (SASRec's; from pre-LN)"),
+    (BERT4REC_REF_HN, BERT4REC_REF, "BERT4Rec: LayerNorm after the output head's GELU (Sun et al.)"),
 )
 
 
@@ -159,6 +165,8 @@ CLAIMS = (
     ("bert4rec@batching=random", SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_LONG, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_P40, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_REF, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_REF_HN, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),
     ("sasrec:gbce", SASREC_DEFAULT_RUN, 0.95, None),
     (f"sasrec:gbce@{_SASREC_SETTINGS}", SASREC_DEFAULT_RUN, 0.95, None),
