@@ -11,6 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# A transformer block's residual arrangement (recsys/models/blocks.py): "reference" is the SASRec reference
+# code's (the residual adds the layer-normalised input), "pre_ln" is x + f(LN(x)).
+RESIDUALS = ("reference", "pre_ln")
+
+
+def check_residual(residual: str) -> None:
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be 'reference' or 'pre_ln', got {residual!r}")
+
 
 @dataclass(frozen=True)
 class MostPopConfig:
@@ -36,8 +45,7 @@ class SASRecConfig:
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
-        if self.residual not in ("reference", "pre_ln"):
-            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
+        check_residual(self.residual)
         if not 0.0 <= self.item_dropout < 1.0:
             raise ValueError(f"item_dropout must be in [0, 1), got {self.item_dropout}")
         if self.weight_init not in ("normal", "xavier"):
@@ -62,8 +70,7 @@ class BERT4RecConfig:
     head_norm: bool = False  # Sun et al.'s output transform: LayerNorm(GELU(h W + b)) before Eᵀ
 
     def __post_init__(self) -> None:
-        if self.residual not in ("reference", "pre_ln"):
-            raise ValueError(f"residual must be 'reference' or 'pre_ln', got {self.residual!r}")
+        check_residual(self.residual)
         if not 0.0 < self.mask_prob <= 1.0:
             raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
         if not 0.0 <= self.last_item_share <= 1.0:

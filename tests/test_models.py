@@ -234,8 +234,12 @@ def test_bert4rec_head_norm_normalises_the_output_transform():
     torch.testing.assert_close(normed.mean(-1), torch.zeros(6), atol=1e-5, rtol=0)
     torch.testing.assert_close(normed.var(-1, unbiased=False), torch.ones(6), atol=1e-3, rtol=0)
     assert plain.mean(-1).abs().min() > 1e-3  # GELU's outputs are not centred: the knob changes the head
-    with pytest.raises(ValueError, match="residual"):
-        BERT4RecConfig(residual="post_ln")
+
+
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec"])
+def test_an_unknown_residual_arrangement_is_refused(name):
+    with pytest.raises(ValueError, match="residual must be 'reference' or 'pre_ln', got 'post_ln'"):
+        MODEL_CONFIGS[name](residual="post_ln")
 
 
 def test_bert4rec_outputs_depend_on_later_items():

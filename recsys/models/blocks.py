@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.model_configs import check_residual
+
 
 class MultiHeadSelfAttention(nn.Module):
     def __init__(self, dim: int, n_heads: int, dropout: float):
@@ -63,17 +65,13 @@ class FeedForward(nn.Module):
         return self.dropout(self.fc2(self.dropout(self.act(self.fc1(x)))))
 
 
-RESIDUALS = ("reference", "pre_ln")
-
-
 class TransformerBlock(nn.Module):
     def __init__(
         self, dim: int, n_heads: int, dropout: float, ffn_dim: int, activation: str = "relu",
         residual: str = "pre_ln",
     ):
         super().__init__()
-        if residual not in RESIDUALS:
-            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        check_residual(residual)
         self.residual = residual
         self.ln1 = nn.LayerNorm(dim)
         self.attn = MultiHeadSelfAttention(dim, n_heads, dropout)
