@@ -101,6 +101,7 @@ class MojitoConfig:
     def __post_init__(self) -> None:
         if self.n_heads < 1 or (2 * self.dim) % self.n_heads:
             raise ValueError(f"2*dim={2 * self.dim} must be divisible by n_heads={self.n_heads}")
+        check_residual(self.residual)
         if self.fism_items < 1:
             raise ValueError(f"fism_items must be >= 1, got {self.fism_items}")
 

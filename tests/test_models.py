@@ -236,7 +236,7 @@ def test_bert4rec_head_norm_normalises_the_output_transform():
     assert plain.mean(-1).abs().min() > 1e-3  # GELU's outputs are not centred: the knob changes the head
 
 
-@pytest.mark.parametrize("name", ["sasrec", "bert4rec"])
+@pytest.mark.parametrize("name", ["sasrec", "bert4rec", "mojito"])
 def test_an_unknown_residual_arrangement_is_refused(name):
     with pytest.raises(ValueError, match="residual must be 'reference' or 'pre_ln', got 'post_ln'"):
         MODEL_CONFIGS[name](residual="post_ln")
