@@ -52,6 +52,9 @@ MOJITO_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
 # after the output head's GELU on top of it.
 BERT4REC_REF = f"{BERT4REC_LONG},residual=reference"
 BERT4REC_REF_HN = f"{BERT4REC_REF},head_norm=true"
+# Session 13: the cloze targets on top of it — the mask rate, the share of last-item-only rows, dropout.
+BERT4REC_LIS01 = f"{BERT4REC_REF_HN},last_item_share=0.1"
+BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -80,6 +83,12 @@ ABLATION = (
      "BERT4Rec: whole history, no early stop before epoch 200, patience 40, no clipping, dropout 0.2"),
     (BERT4REC_REF, BERT4REC_LONG, "BERT4Rec: the reference block arrangement (SASRec's; from pre-LN)"),
     (BERT4REC_REF_HN, BERT4REC_REF, "BERT4Rec: LayerNorm after the output head's GELU (Sun et al.)"),
+    (f"{BERT4REC_REF_HN},mask_prob=0.2", BERT4REC_REF_HN, "BERT4Rec: mask rate 0.2 (the paper's; from 0.3)"),
+    (f"{BERT4REC_REF_HN},mask_prob=0.45", BERT4REC_REF_HN, "BERT4Rec: mask rate 0.45 (from 0.3)"),
+    (f"{BERT4REC_REF_HN},last_item_share=0.5", BERT4REC_REF_HN,
+     "BERT4Rec: half the rows mask only their last item (from a quarter)"),
+    (BERT4REC_LIS01, BERT4REC_REF_HN, "BERT4Rec: a tenth of the rows mask only their last item (from a quarter)"),
+    (BERT4REC_DROP03, BERT4REC_REF_HN, "BERT4Rec: dropout 0.3 (from 0.2)"),
 )
 
 
@@ -167,6 +176,7 @@ CLAIMS = (
     (BERT4REC_P40, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_REF, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_REF_HN, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_LIS01, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),
     ("sasrec:gbce", SASREC_DEFAULT_RUN, 0.95, None),
     (f"sasrec:gbce@{_SASREC_SETTINGS}", SASREC_DEFAULT_RUN, 0.95, None),
