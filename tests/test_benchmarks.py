@@ -28,6 +28,11 @@ def test_mojito_in_sasrecs_regime_is_what_params_yaml_trains():
     assert configs_for(curves.MOJITO_LONG, params) == configs_for("mojito", params)
 
 
+def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
+    params = load_params(ROOT / "params.yaml")
+    assert configs_for(curves.BERT4REC_DEFAULT_RUN, params) == configs_for("bert4rec", params)
+
+
 def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
     params = load_params(ROOT / "params.yaml")
     runs = {run for run, _, _ in curves.ABLATION}
