@@ -66,6 +66,8 @@ class BERT4RecConfig:
     loss: Literal["ce", "sampled_ce"] = "ce"
     n_negatives: int = 256
     # "pre_ln": x + f(LN(x)); "reference": the SASRec reference code's arrangement (blocks.py).
+    # These two defaults stay what checkpoints saved before the keys existed were trained with
+    # (config_from_dict fills a missing key from here); params.yaml trains reference + head_norm.
     residual: Literal["pre_ln", "reference"] = "pre_ln"
     head_norm: bool = False  # Sun et al.'s output transform: LayerNorm(GELU(h W + b)) before Eᵀ
 
