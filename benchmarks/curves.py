@@ -54,9 +54,9 @@ BERT4REC_REF = f"{BERT4REC_LONG},residual=reference"
 BERT4REC_REF_HN = f"{BERT4REC_REF},head_norm=true"
 # Session 13: the cloze targets on top of it — the mask rate, the share of last-item-only rows, dropout.
 BERT4REC_LIS01 = f"{BERT4REC_REF_HN},last_item_share=0.1"
+BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 # params.yaml's BERT4Rec since session 13 (tests/test_benchmarks.py checks that it builds exactly that).
 BERT4REC_DEFAULT_RUN = BERT4REC_LIS01
-BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (

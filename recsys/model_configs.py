@@ -18,7 +18,7 @@ RESIDUALS = ("reference", "pre_ln")
 
 def check_residual(residual: str) -> None:
     if residual not in RESIDUALS:
-        raise ValueError(f"residual must be 'reference' or 'pre_ln', got {residual!r}")
+        raise ValueError(f"residual must be {' or '.join(map(repr, RESIDUALS))}, got {residual!r}")
 
 
 @dataclass(frozen=True)

@@ -388,8 +388,6 @@ def test_mojito_reference_residuals_are_causal_and_train():
 def test_a_bert4rec_checkpoint_from_before_residual_and_head_norm_loads_as_it_was_trained():
     """params.yaml trains `residual: reference` with `head_norm`, but a checkpoint config saved before those keys
     existed was a pre-LN model without the head LayerNorm: it must load as that, not as today's settings."""
-    from recsys.models import config_from_dict
-
     old = {"dim": 16, "n_layers": 1, "n_heads": 2, "dropout": 0.1, "max_len": 20, "ffn_dim": 32, "mask_prob": 0.3,
            "last_item_share": 0.25, "loss": "ce", "n_negatives": 8}
     config = config_from_dict("bert4rec", old)
