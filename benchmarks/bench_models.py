@@ -13,7 +13,9 @@ kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the ta
 starts at train.seed + K (to spread one run's seeds over several processes). `--work-dir DIR` keeps the
 prepared data, checkpoints and the trainer's per-epoch resume state in DIR instead of a temporary directory:
 the same command run again after a kill resumes each unfinished run from its last finished epoch (time and
-CPU seconds carry over), so a multi-hour CPU run survives an interrupted session.
+CPU seconds carry over), so a multi-hour CPU run survives an interrupted session; a run `--max-minutes` stopped
+keeps its state there too, and the same command with a larger `--max-minutes` (or 0) trains it on from its
+last epoch, ending where one uninterrupted run under that budget would.
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -137,15 +139,30 @@ def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_mi
                           path, "use a new --work-dir or delete that file to train this run again")
 
 
+def run_dir_name(run: str, seed: int) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{seed}"
+
+
+def resume_root(work: Path, run: str, seed: int) -> Path:
+    """Each run and seed keeps its trainer state apart, so that clearing one never touches another's (a
+    time-limited run's state stays for a longer rerun while the next run of the same model finishes)."""
+    return work / "resume" / run_dir_name(run, seed)
+
+
+def more_time(row: dict, max_minutes: float) -> bool:
+    """Whether a finished row the clock stopped would train on under `max_minutes` (0: no limit)."""
+    return row["stopped_by"] == "time_limit" and (not max_minutes or max_minutes > row["train"]["max_minutes"])
+
+
 def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str,
             seed_offset: int = 0) -> dict:
     name, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
-    out = work / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{train_config.seed}")
+    out = work / run_dir_name(run, train_config.seed)
     load_before = os.getloadavg()[0]
     # The finished run's state is kept until its row is written (main): a kill while the test split is scored
     # then costs the scoring, not the training.
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
-                         resume_root=work / "resume", keep_final_state=True)
+                         resume_root=resume_root(work, run, train_config.seed), keep_final_state=True)
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
     return {
         "run": run,
@@ -289,11 +306,18 @@ def main() -> None:
         offsets = range(args.seed_offset, args.seed_offset + args.seeds)
         for run, offset in ((run, offset) for run in args.runs for offset in offsets):
             finished = work / "finished" / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-offset{offset}.json")
-            if finished.is_file():  # a kept work dir: this run ended before the process was stopped
-                row = json.loads(finished.read_text())
+            row = json.loads(finished.read_text()) if finished.is_file() else None
+            if row is not None and more_time(row, args.max_minutes):
+                # The clock stopped it and --max-minutes now allows more: train on from its kept state.
+                check_finished(row, finished, run, args.dataset, params, row["train"]["max_minutes"], args.device,
+                               offset)
+                logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run, row["seed"],
+                             work)
+                row = None
+            elif row is not None:  # a kept work dir: this run ended before the process was stopped
                 check_finished(row, finished, run, args.dataset, params, args.max_minutes, args.device, offset)
                 logging.info("%s seed=%d finished earlier in %s; not trained again", run, row["seed"], work)
-            else:
+            if row is None:
                 row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,
                               offset)
                 row.update(dataset=args.dataset, machine=machine(), commit=commit,
@@ -302,8 +326,10 @@ def main() -> None:
                 finished.parent.mkdir(exist_ok=True)
                 finished.with_suffix(".tmp").write_text(json.dumps(row))
                 finished.with_suffix(".tmp").replace(finished)
-            # The kept final state goes once the row is on disk (also after a kill between the two writes).
-            prune_resume_state(work / "resume", [row["model"]])
+            # The kept final state goes once the row is on disk (also after a kill between the two writes) —
+            # unless the clock stopped the run: then it stays, for the same command with a larger --max-minutes.
+            if row["stopped_by"] != "time_limit":
+                prune_resume_state(resume_root(work, run, row["seed"]), [row["model"]])
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
                          "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],

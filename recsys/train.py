@@ -63,10 +63,15 @@ class TrainResult:
     cpu_seconds_to_best: float = 0.0
 
 
+# Train settings that bound or display a run without changing what it computes epoch by epoch: they are not
+# part of its resume key, so a run stopped or killed under one time budget goes on under another.
+BUDGET_FIELDS = ("max_minutes", "progress")
+
+
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
             init: dict | None = None) -> str:
-    key = {"model": model_name, "config": dataclasses.asdict(model_config),
-           "train": dataclasses.asdict(train_config), "data": fingerprint}
+    train = {k: v for k, v in dataclasses.asdict(train_config).items() if k not in BUDGET_FIELDS}
+    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train, "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run
         key["init"] = init
     blob = json.dumps(key, sort_keys=True)
@@ -180,7 +185,9 @@ def train_model(
     `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress).
     `keep_final_state`: a finished run's resume state is kept, marked finished, instead of cleared, so that a
     caller with more to do after training (a benchmark scoring the test split) can be killed and rerun without
-    training again: the rerun returns the same result at once. That caller clears it (`prune_resume_state`)."""
+    training again: the rerun returns the same result at once — unless `train.max_minutes` stopped the run and
+    now allows more (raised, or 0): then it trains on from its last epoch. That caller clears the state
+    (`prune_resume_state`)."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
@@ -241,6 +248,12 @@ def train_model(
     if restored:
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
+        if state.get("stopped_by") == "time_limit" and within_budget(cfg, state["seconds"]):
+            # A kept final state of a run the clock stopped, now given more time: train on from its last epoch
+            # (the kept state is that epoch's weights, optimiser and generator, not the best checkpoint's).
+            del state["stopped_by"]
+            log.info("model=%s was stopped by train.max_minutes after %.0f s; going on under max_minutes=%g",
+                     model_name, state["seconds"], cfg.max_minutes)
     loss_fn = world.loss_fn(model, device)
     floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
     parts = micro_batch_count(cfg.micro_batches, device)
@@ -322,7 +335,7 @@ def train_model(
         if state["bad_epochs"] >= cfg.patience and epoch >= floor:
             stopped_by = "early_stopping"
             break
-        if cfg.max_minutes and now > cfg.max_minutes * 60:
+        if not within_budget(cfg, now):
             stopped_by = "time_limit"
             break
     seconds = time.perf_counter() - started + time_offset
@@ -338,6 +351,11 @@ def train_model(
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
         cpu_seconds=cpu_seconds, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
+
+
+def within_budget(cfg: TrainConfig, seconds: float) -> bool:
+    """Whether a run that has trained `seconds` may start another epoch under `train.max_minutes` (0: no limit)."""
+    return not cfg.max_minutes or seconds <= cfg.max_minutes * 60
 
 
 def _write_curve(path: str | Path | None, rows: list[dict]) -> None:

@@ -86,3 +86,19 @@ def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_pat
         check_finished(row, path, run, "ml-1m-half", params, 0.0, "cpu", 1)
     with pytest.raises(SystemExit, match=r"max_minutes=0.0 \(now 5.0\)"):
         check_finished(row, path, run, "ml-100k", params, 5.0, "cpu", 1)
+
+
+def test_a_time_limited_row_trains_on_only_under_a_larger_budget():
+    from bench_models import more_time
+
+    limited = {"stopped_by": "time_limit", "train": {"max_minutes": 45.0}}
+    assert more_time(limited, 60.0) and more_time(limited, 0.0)  # more time, or no limit
+    assert not more_time(limited, 45.0) and not more_time(limited, 30.0)  # the same row again, or refused
+    assert not more_time({"stopped_by": "early_stopping", "train": {"max_minutes": 45.0}}, 60.0)
+
+
+def test_each_run_and_seed_keeps_its_trainer_state_apart(tmp_path):
+    from bench_models import resume_root
+
+    roots = {resume_root(tmp_path, run, seed) for run in ("mojito", "mojito@patience=20") for seed in (42, 43)}
+    assert len(roots) == 4 and all(root.parent == tmp_path / "resume" for root in roots)

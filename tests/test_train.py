@@ -167,6 +167,51 @@ def test_a_kept_final_state_returns_the_finished_run_without_training_again(tiny
     assert retrained.seen == [1, 2, 3] and not any((tmp_path / "resume").iterdir())
 
 
+def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sasrec_config, fast_train_config,
+                                                         tmp_path, caplog):
+    """The time budget is not part of the resume key: a kept final state the clock stopped trains on from its
+    last epoch under a larger `max_minutes` (or none) and ends where an unlimited run ends; rerun under the same
+    budget it returns at once."""
+    cfg = dataclasses.replace(fast_train_config, epochs=4)
+    straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+
+    limited = dataclasses.replace(cfg, max_minutes=1e-9)
+    first = Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, limited, tmp_path / "ext", on_epoch=first, keep_final_state=True)
+    assert (first.seen, result.stopped_by) == ([1], "time_limit")
+    same = Interrupt()
+    again = run(tiny_prepared, tiny_sasrec_config, limited, tmp_path / "ext", on_epoch=same, keep_final_state=True)
+    assert (same.seen, again.stopped_by, again.epochs_run) == ([], "time_limit", 1)  # same budget: nothing more
+
+    more = Interrupt()
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        extended = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "ext", on_epoch=more, keep_final_state=True)
+    assert more.seen == [2, 3, 4]
+    assert "stopped by train.max_minutes" in caplog.text
+    assert (extended.stopped_by, extended.epochs_run, extended.best_epoch) == (straight.stopped_by, 4,
+                                                                               straight.best_epoch)
+    assert extended.best_valid == pytest.approx(straight.best_valid, abs=1e-12)
+    curve = read_curve(tmp_path / "ext" / "curve.csv")
+    expected = read_curve(tmp_path / "straight" / "curve.csv")
+    assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-9)
+    got, want = weights(tmp_path / "ext" / "model"), weights(tmp_path / "straight" / "model")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+
+
+def test_a_killed_run_resumes_under_another_time_budget(tiny_prepared, tiny_sasrec_config, fast_train_config,
+                                                         tmp_path, caplog):
+    cfg = dataclasses.replace(fast_train_config, epochs=3, max_minutes=600.0)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
+    continued = Interrupt()
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, max_minutes=0.0, progress="off"), tmp_path,
+            on_epoch=continued)
+    assert continued.seen == [3]
+    assert "resumed model=sasrec from epoch=2" in caplog.text
+
+
 def test_other_config_ignores_stale_resume_state(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path,
                                                  caplog):
     cfg = dataclasses.replace(fast_train_config, epochs=3)
