@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ from recsys.metrics import per_user_metrics
 from recsys.prepare import Prepared, load
 from recsys.ranking import rank_targets, summarise
 from recsys.sequences import SequenceData
+
+if TYPE_CHECKING:
+    from recsys.models.base import SequentialModel
 
 log = logging.getLogger(__name__)
 

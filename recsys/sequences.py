@@ -173,7 +173,7 @@ class TrainingTensors:
 
     def __init__(self, data: SequenceData, spans: np.ndarray, device: torch.device | str = "cpu"):
         self.lengths = (spans[:, 2] - spans[:, 1]).astype(np.int64)  # events per span (host: batch planning)
-        n, width = len(spans), int(self.lengths.max()) if len(spans) else 1
+        width = int(self.lengths.max()) if len(spans) else 1
         # Event index of every cell, -1 at padding: row r holds events start..end-1 right-aligned.
         col = np.arange(width)[None, :] - (width - self.lengths)[:, None]  # (n, W) offset into the span
         idx = np.where(col >= 0, spans[:, 1:2] + col, -1)
