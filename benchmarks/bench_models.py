@@ -15,7 +15,7 @@ prepared data, checkpoints and the trainer's per-epoch resume state in DIR inste
 the same command run again after a kill resumes each unfinished run from its last finished epoch (time and
 CPU seconds carry over), so a multi-hour CPU run survives an interrupted session; a run `--max-minutes` stopped
 keeps its state there too, and the same command with a larger `--max-minutes` (or 0) trains it on from its
-last epoch, ending where one uninterrupted run under that budget would.
+last epoch, ending where one uninterrupted run under that budget would (runs that had finished are reused).
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -149,9 +149,15 @@ def resume_root(work: Path, run: str, seed: int) -> Path:
     return work / "resume" / run_dir_name(run, seed)
 
 
+def larger_budget(row: dict, max_minutes: float) -> bool:
+    """Whether `max_minutes` (0: no limit) gives more time than the finished row was trained under."""
+    stored = row["train"]["max_minutes"]
+    return bool(stored) and (not max_minutes or max_minutes > stored)
+
+
 def more_time(row: dict, max_minutes: float) -> bool:
     """Whether a finished row the clock stopped would train on under `max_minutes` (0: no limit)."""
-    return row["stopped_by"] == "time_limit" and (not max_minutes or max_minutes > row["train"]["max_minutes"])
+    return row["stopped_by"] == "time_limit" and larger_budget(row, max_minutes)
 
 
 def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minutes: float, device: str,
@@ -311,12 +317,14 @@ def main() -> None:
                 # The clock stopped it and --max-minutes now allows more: train on from its kept state.
                 check_finished(row, finished, run, args.dataset, params, row["train"]["max_minutes"], args.device,
                                offset)
-                logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run, row["seed"],
-                             work)
+                logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run,
+                             row_seed(row), work)
                 row = None
             elif row is not None:  # a kept work dir: this run ended before the process was stopped
-                check_finished(row, finished, run, args.dataset, params, args.max_minutes, args.device, offset)
-                logging.info("%s seed=%d finished earlier in %s; not trained again", run, row["seed"], work)
+                # A run that ended before its limit ends the same under a larger one: reused as it is.
+                budget = row["train"]["max_minutes"] if larger_budget(row, args.max_minutes) else args.max_minutes
+                check_finished(row, finished, run, args.dataset, params, budget, args.device, offset)
+                logging.info("%s seed=%d finished earlier in %s; not trained again", run, row_seed(row), work)
             if row is None:
                 row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,
                               offset)
@@ -329,10 +337,10 @@ def main() -> None:
             # The kept final state goes once the row is on disk (also after a kill between the two writes) —
             # unless the clock stopped the run: then it stays, for the same command with a larger --max-minutes.
             if row["stopped_by"] != "time_limit":
-                prune_resume_state(resume_root(work, run, row["seed"]), [row["model"]])
+                prune_resume_state(resume_root(work, run, row_seed(row)), [row["model"]])
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
-                         "stopped_by=%s", args.dataset, run, row["seed"], row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
+                         "stopped_by=%s", args.dataset, run, row_seed(row), row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
                          row["seconds_to_best"], row["stopped_by"])
 
 

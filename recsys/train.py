@@ -260,10 +260,14 @@ def train_model(
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
+    # A killed run resumed under a budget it has already spent stops where it is, without another epoch.
+    out_of_time = "stopped_by" not in state and state["epoch"] > 0 and not within_budget(cfg, state["seconds"])
+    if out_of_time:
+        stopped_by = "time_limit"
     time_offset = state["seconds"] - (time.perf_counter() - started)
     cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
-    while "stopped_by" not in state and state["epoch"] < cfg.epochs:
+    while not out_of_time and "stopped_by" not in state and state["epoch"] < cfg.epochs:
         epoch = state["epoch"] + 1
         model.train()
         world.seed_epoch(cfg.seed, epoch)
@@ -335,7 +339,7 @@ def train_model(
         if state["bad_epochs"] >= cfg.patience and epoch >= floor:
             stopped_by = "early_stopping"
             break
-        if not within_budget(cfg, now):
+        if epoch < cfg.epochs and not within_budget(cfg, now):  # after the last epoch: max_epochs
             stopped_by = "time_limit"
             break
     seconds = time.perf_counter() - started + time_offset

@@ -102,3 +102,34 @@ def test_each_run_and_seed_keeps_its_trainer_state_apart(tmp_path):
 
     roots = {resume_root(tmp_path, run, seed) for run in ("mojito", "mojito@patience=20") for seed in (42, 43)}
     assert len(roots) == 4 and all(root.parent == tmp_path / "resume" for root in roots)
+
+
+def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reuses_the_rest(
+        tiny_prepared, write_params, tmp_path, monkeypatch):
+    """`bench_models.py --work-dir W` run again with a larger `--max-minutes`: the run the clock stopped goes on
+    from its kept state; a run that ended before its limit (MostPop) is reused, not refused or retrained."""
+    import bench_models
+
+    rows: list[dict] = []
+    monkeypatch.setattr(bench_models, "prepare_dataset", lambda dataset, root, params: tiny_prepared)
+    monkeypatch.setattr(bench_models, "merge", rows.extend)  # not the repository's models.json
+    params, work = write_params(), tmp_path / "work"
+
+    def bench(minutes: str) -> dict[str, dict]:
+        monkeypatch.setattr(sys, "argv", ["bench_models.py", "--dataset", "ml-100k", "--params", str(params),
+                                          "--device", "cpu", "--work-dir", str(work), "--max-minutes", minutes,
+                                          "--runs", "mostpop", "sasrec"])
+        rows.clear()
+        bench_models.main()
+        return {row["run"]: row for row in rows}
+
+    first = bench("1e-9")
+    assert (first["sasrec"]["stopped_by"], first["sasrec"]["epochs_run"]) == ("time_limit", 1)
+    kept = work / "resume" / f"sasrec-seed{first['sasrec']['seed']}"
+    assert any(kept.iterdir())  # the clock stopped it: its state stays for a longer rerun
+    second = bench("0")
+    assert second["mostpop"] == first["mostpop"]
+    assert (second["sasrec"]["stopped_by"], second["sasrec"]["epochs_run"]) == ("max_epochs", 3)
+    assert [c["epoch"] for c in second["sasrec"]["curve"]] == [1.0, 2.0, 3.0]
+    assert not any(kept.iterdir())  # finished: its state goes
+    assert bench("0")["sasrec"] == second["sasrec"]  # and the same command again reuses it

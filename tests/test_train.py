@@ -170,8 +170,10 @@ def test_a_kept_final_state_returns_the_finished_run_without_training_again(tiny
 def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sasrec_config, fast_train_config,
                                                          tmp_path, caplog):
     """The time budget is not part of the resume key: a kept final state the clock stopped trains on from its
-    last epoch under a larger `max_minutes` (or none) and ends where an unlimited run ends; rerun under the same
-    budget it returns at once."""
+    last epoch's weights (not from the best checkpoint on disk) under a larger `max_minutes` (or none) and ends
+    where an unlimited run ends; rerun under the same budget it returns at once."""
+    from safetensors.torch import save_file
+
     cfg = dataclasses.replace(fast_train_config, epochs=4)
     straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
 
@@ -183,6 +185,9 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
     again = run(tiny_prepared, tiny_sasrec_config, limited, tmp_path / "ext", on_epoch=same, keep_final_state=True)
     assert (same.seen, again.stopped_by, again.epochs_run) == ([], "time_limit", 1)  # same budget: nothing more
 
+    # Were training to go on from the checkpoint, this would change every later epoch.
+    on_disk = tmp_path / "ext" / "model" / "model.safetensors"
+    save_file({k: v + 1.0 for k, v in weights(tmp_path / "ext" / "model").items()}, str(on_disk))
     more = Interrupt()
     with caplog.at_level(logging.INFO, logger="recsys.train"):
         extended = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "ext", on_epoch=more, keep_final_state=True)
@@ -190,6 +195,8 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
     assert "stopped by train.max_minutes" in caplog.text
     assert (extended.stopped_by, extended.epochs_run, extended.best_epoch) == (straight.stopped_by, 4,
                                                                                straight.best_epoch)
+    assert straight.best_epoch > 1  # so the checkpoint written above was replaced by training, not kept
+    assert extended.seconds > result.seconds  # the first epoch's time carries over
     assert extended.best_valid == pytest.approx(straight.best_valid, abs=1e-12)
     curve = read_curve(tmp_path / "ext" / "curve.csv")
     expected = read_curve(tmp_path / "straight" / "curve.csv")
@@ -201,15 +208,35 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
 
 def test_a_killed_run_resumes_under_another_time_budget(tiny_prepared, tiny_sasrec_config, fast_train_config,
                                                          tmp_path, caplog):
+    """Neither `max_minutes` nor `progress` is part of the resume key."""
     cfg = dataclasses.replace(fast_train_config, epochs=3, max_minutes=600.0)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
     continued = Interrupt()
     with caplog.at_level(logging.INFO, logger="recsys.train"):
-        run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, max_minutes=0.0, progress="off"), tmp_path,
+        run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, max_minutes=0.0, progress="auto"), tmp_path,
             on_epoch=continued)
     assert continued.seen == [3]
     assert "resumed model=sasrec from epoch=2" in caplog.text
+
+
+def test_a_killed_run_resumed_under_a_spent_budget_stops_without_another_epoch(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
+    continued = Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, max_minutes=1e-9), tmp_path,
+                 on_epoch=continued)
+    assert continued.seen == []
+    assert (result.stopped_by, result.epochs_run) == ("time_limit", 2)
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_a_run_whose_last_epoch_ends_past_the_time_limit_stopped_by_max_epochs(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, epochs=1, max_minutes=1e-9)
+    assert run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path).stopped_by == "max_epochs"
 
 
 def test_other_config_ignores_stale_resume_state(tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path,
