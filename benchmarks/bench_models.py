@@ -13,9 +13,10 @@ kept and `stopped_by` says `time_limit`, so a cut-short run is visible in the ta
 starts at train.seed + K (to spread one run's seeds over several processes). `--work-dir DIR` keeps the
 prepared data, checkpoints and the trainer's per-epoch resume state in DIR instead of a temporary directory:
 the same command run again after a kill resumes each unfinished run from its last finished epoch (time and
-CPU seconds carry over), so a multi-hour CPU run survives an interrupted session; a run `--max-minutes` stopped
-keeps its state there too, and the same command with a larger `--max-minutes` (or 0) trains it on from its
-last epoch, ending where one uninterrupted run under that budget would (runs that had finished are reused).
+CPU seconds carry over), so a multi-hour CPU run survives an interrupted session; a run `--max-minutes`
+stopped keeps its state there too, and the same command with a larger `--max-minutes` (or 0) trains it on
+from its last epoch, ending where one uninterrupted run under that budget would (runs that had finished are
+reused).
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -315,14 +316,15 @@ def main() -> None:
             row = json.loads(finished.read_text()) if finished.is_file() else None
             if row is not None and more_time(row, args.max_minutes):
                 # The clock stopped it and --max-minutes now allows more: train on from its kept state.
-                check_finished(row, finished, run, args.dataset, params, row["train"]["max_minutes"], args.device,
-                               offset)
+                check_finished(row, finished, run, args.dataset, params, row["train"]["max_minutes"],
+                               args.device, offset)
                 logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run,
                              row_seed(row), work)
                 row = None
             elif row is not None:  # a kept work dir: this run ended before the process was stopped
                 # A run that ended before its limit ends the same under a larger one: reused as it is.
-                budget = row["train"]["max_minutes"] if larger_budget(row, args.max_minutes) else args.max_minutes
+                larger = larger_budget(row, args.max_minutes)
+                budget = row["train"]["max_minutes"] if larger else args.max_minutes
                 check_finished(row, finished, run, args.dataset, params, budget, args.device, offset)
                 logging.info("%s seed=%d finished earlier in %s; not trained again", run, row_seed(row), work)
             if row is None:
@@ -335,12 +337,13 @@ def main() -> None:
                 finished.with_suffix(".tmp").write_text(json.dumps(row))
                 finished.with_suffix(".tmp").replace(finished)
             # The kept final state goes once the row is on disk (also after a kill between the two writes) —
-            # unless the clock stopped the run: then it stays, for the same command with a larger --max-minutes.
+            # unless the clock stopped the run: it stays for the same command with a larger --max-minutes.
             if row["stopped_by"] != "time_limit":
                 prune_resume_state(resume_root(work, run, row_seed(row)), [row["model"]])
             merge([row])
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
-                         "stopped_by=%s", args.dataset, run, row_seed(row), row["test_ndcg@10"], row["test_hr@10"], row["best_epoch"],
+                         "stopped_by=%s", args.dataset, run, row_seed(row), row["test_ndcg@10"],
+                         row["test_hr@10"], row["best_epoch"],
                          row["seconds_to_best"], row["stopped_by"])
 
 

@@ -71,7 +71,8 @@ BUDGET_FIELDS = ("max_minutes", "progress")
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
             init: dict | None = None) -> str:
     train = {k: v for k, v in dataclasses.asdict(train_config).items() if k not in BUDGET_FIELDS}
-    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train, "data": fingerprint}
+    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
+           "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run
         key["init"] = init
     blob = json.dumps(key, sort_keys=True)
@@ -185,8 +186,8 @@ def train_model(
     `on_epoch(epoch, row)` is called after every epoch (the flow uses it to report progress).
     `keep_final_state`: a finished run's resume state is kept, marked finished, instead of cleared, so that a
     caller with more to do after training (a benchmark scoring the test split) can be killed and rerun without
-    training again: the rerun returns the same result at once — unless `train.max_minutes` stopped the run and
-    now allows more (raised, or 0): then it trains on from its last epoch. That caller clears the state
+    training again: the rerun returns the same result at once — unless `train.max_minutes` stopped the run
+    and now allows more (raised, or 0): then it trains on from its last epoch. That caller clears the state
     (`prune_resume_state`)."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
@@ -261,7 +262,8 @@ def train_model(
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
     # A killed run resumed under a budget it has already spent stops where it is, without another epoch.
-    out_of_time = "stopped_by" not in state and state["epoch"] > 0 and not within_budget(cfg, state["seconds"])
+    out_of_time = ("stopped_by" not in state and state["epoch"] > 0
+                   and not within_budget(cfg, state["seconds"]))
     if out_of_time:
         stopped_by = "time_limit"
     time_offset = state["seconds"] - (time.perf_counter() - started)
@@ -358,7 +360,8 @@ def train_model(
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:
-    """Whether a run that has trained `seconds` may start another epoch under `train.max_minutes` (0: no limit)."""
+    """Whether a run that has trained `seconds` may start another epoch under `train.max_minutes` (0: no
+    limit)."""
     return not cfg.max_minutes or seconds <= cfg.max_minutes * 60
 
 

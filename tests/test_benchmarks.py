@@ -100,14 +100,16 @@ def test_a_time_limited_row_trains_on_only_under_a_larger_budget():
 def test_each_run_and_seed_keeps_its_trainer_state_apart(tmp_path):
     from bench_models import resume_root
 
-    roots = {resume_root(tmp_path, run, seed) for run in ("mojito", "mojito@patience=20") for seed in (42, 43)}
+    runs = ("mojito", "mojito@patience=20")
+    roots = {resume_root(tmp_path, run, seed) for run in runs for seed in (42, 43)}
     assert len(roots) == 4 and all(root.parent == tmp_path / "resume" for root in roots)
 
 
 def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reuses_the_rest(
         tiny_prepared, write_params, tmp_path, monkeypatch):
-    """`bench_models.py --work-dir W` run again with a larger `--max-minutes`: the run the clock stopped goes on
-    from its kept state; a run that ended before its limit (MostPop) is reused, not refused or retrained."""
+    """`bench_models.py --work-dir W` run again with a larger `--max-minutes`: the run the clock stopped goes
+    on from its kept state; a run that ended before its limit (MostPop) is reused, neither refused nor
+    retrained."""
     import bench_models
 
     rows: list[dict] = []
@@ -117,8 +119,8 @@ def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reus
 
     def bench(minutes: str) -> dict[str, dict]:
         monkeypatch.setattr(sys, "argv", ["bench_models.py", "--dataset", "ml-100k", "--params", str(params),
-                                          "--device", "cpu", "--work-dir", str(work), "--max-minutes", minutes,
-                                          "--runs", "mostpop", "sasrec"])
+                                          "--device", "cpu", "--work-dir", str(work),
+                                          "--max-minutes", minutes, "--runs", "mostpop", "sasrec"])
         rows.clear()
         bench_models.main()
         return {row["run"]: row for row in rows}

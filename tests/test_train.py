@@ -170,8 +170,8 @@ def test_a_kept_final_state_returns_the_finished_run_without_training_again(tiny
 def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sasrec_config, fast_train_config,
                                                          tmp_path, caplog):
     """The time budget is not part of the resume key: a kept final state the clock stopped trains on from its
-    last epoch's weights (not from the best checkpoint on disk) under a larger `max_minutes` (or none) and ends
-    where an unlimited run ends; rerun under the same budget it returns at once."""
+    last epoch's weights (not from the best checkpoint on disk) under a larger `max_minutes` (or none) and
+    ends where an unlimited run ends; rerun under the same budget it returns at once."""
     from safetensors.torch import save_file
 
     cfg = dataclasses.replace(fast_train_config, epochs=4)
@@ -179,18 +179,19 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
 
     limited = dataclasses.replace(cfg, max_minutes=1e-9)
     first = Interrupt()
-    result = run(tiny_prepared, tiny_sasrec_config, limited, tmp_path / "ext", on_epoch=first, keep_final_state=True)
+    ext = tmp_path / "ext"
+    result = run(tiny_prepared, tiny_sasrec_config, limited, ext, on_epoch=first, keep_final_state=True)
     assert (first.seen, result.stopped_by) == ([1], "time_limit")
     same = Interrupt()
-    again = run(tiny_prepared, tiny_sasrec_config, limited, tmp_path / "ext", on_epoch=same, keep_final_state=True)
-    assert (same.seen, again.stopped_by, again.epochs_run) == ([], "time_limit", 1)  # same budget: nothing more
+    again = run(tiny_prepared, tiny_sasrec_config, limited, ext, on_epoch=same, keep_final_state=True)
+    assert (same.seen, again.stopped_by, again.epochs_run) == ([], "time_limit", 1)  # same budget: no more
 
     # Were training to go on from the checkpoint, this would change every later epoch.
     on_disk = tmp_path / "ext" / "model" / "model.safetensors"
     save_file({k: v + 1.0 for k, v in weights(tmp_path / "ext" / "model").items()}, str(on_disk))
     more = Interrupt()
     with caplog.at_level(logging.INFO, logger="recsys.train"):
-        extended = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "ext", on_epoch=more, keep_final_state=True)
+        extended = run(tiny_prepared, tiny_sasrec_config, cfg, ext, on_epoch=more, keep_final_state=True)
     assert more.seen == [2, 3, 4]
     assert "stopped by train.max_minutes" in caplog.text
     assert (extended.stopped_by, extended.epochs_run, extended.best_epoch) == (straight.stopped_by, 4,
@@ -214,8 +215,8 @@ def test_a_killed_run_resumes_under_another_time_budget(tiny_prepared, tiny_sasr
         run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
     continued = Interrupt()
     with caplog.at_level(logging.INFO, logger="recsys.train"):
-        run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, max_minutes=0.0, progress="auto"), tmp_path,
-            on_epoch=continued)
+        other_budget = dataclasses.replace(cfg, max_minutes=0.0, progress="auto")
+        run(tiny_prepared, tiny_sasrec_config, other_budget, tmp_path, on_epoch=continued)
     assert continued.seen == [3]
     assert "resumed model=sasrec from epoch=2" in caplog.text
 
