@@ -140,8 +140,13 @@ def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_mi
                           path, "use a new --work-dir or delete that file to train this run again")
 
 
+def safe_name(run: str) -> str:
+    """A run as a file name: `sasrec:ce@patience=20` → `sasrec-ce-patience-20`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", run)
+
+
 def run_dir_name(run: str, seed: int) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-seed{seed}"
+    return f"{safe_name(run)}-seed{seed}"
 
 
 def resume_root(work: Path, run: str, seed: int) -> Path:
@@ -312,21 +317,21 @@ def main() -> None:
         save(prepared, work / "prepared")
         offsets = range(args.seed_offset, args.seed_offset + args.seeds)
         for run, offset in ((run, offset) for run in args.runs for offset in offsets):
-            finished = work / "finished" / (re.sub(r"[^A-Za-z0-9_.-]", "-", run) + f"-offset{offset}.json")
+            finished = work / "finished" / f"{safe_name(run)}-offset{offset}.json"
             row = json.loads(finished.read_text()) if finished.is_file() else None
-            if row is not None and more_time(row, args.max_minutes):
-                # The clock stopped it and --max-minutes now allows more: train on from its kept state.
-                check_finished(row, finished, run, args.dataset, params, row["train"]["max_minutes"],
-                               args.device, offset)
-                logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run,
-                             row_seed(row), work)
-                row = None
-            elif row is not None:  # a kept work dir: this run ended before the process was stopped
-                # A run that ended before its limit ends the same under a larger one: reused as it is.
+            if row is not None:  # a kept work dir: this run ended before the process was stopped
+                # Under a larger --max-minutes the row is checked against its own: a run that ended before its
+                # limit ends the same under a larger one (reused), and one the clock stopped trains on.
                 larger = larger_budget(row, args.max_minutes)
                 budget = row["train"]["max_minutes"] if larger else args.max_minutes
                 check_finished(row, finished, run, args.dataset, params, budget, args.device, offset)
-                logging.info("%s seed=%d finished earlier in %s; not trained again", run, row_seed(row), work)
+                if more_time(row, args.max_minutes):
+                    logging.info("%s seed=%d stopped by the time limit earlier in %s; training on", run,
+                                 row_seed(row), work)
+                    row = None
+                else:
+                    logging.info("%s seed=%d finished earlier in %s; not trained again", run, row_seed(row),
+                                 work)
             if row is None:
                 row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,
                               offset)

@@ -261,15 +261,15 @@ def train_model(
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
-    # A killed run resumed under a budget it has already spent stops where it is, without another epoch.
-    out_of_time = ("stopped_by" not in state and state["epoch"] > 0
-                   and not within_budget(cfg, state["seconds"]))
-    if out_of_time:
-        stopped_by = "time_limit"
     time_offset = state["seconds"] - (time.perf_counter() - started)
     cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
-    while not out_of_time and "stopped_by" not in state and state["epoch"] < cfg.epochs:
+    while "stopped_by" not in state and state["epoch"] < cfg.epochs:
+        # Checked before an epoch starts, so a run resumed under a budget it has already spent stops where it
+        # is, and one whose last epoch ends past the limit is stopped by max_epochs.
+        if not within_budget(cfg, state["seconds"]):
+            stopped_by = "time_limit"
+            break
         epoch = state["epoch"] + 1
         model.train()
         world.seed_epoch(cfg.seed, epoch)
@@ -340,9 +340,6 @@ def train_model(
             on_epoch(epoch, row)
         if state["bad_epochs"] >= cfg.patience and epoch >= floor:
             stopped_by = "early_stopping"
-            break
-        if epoch < cfg.epochs and not within_budget(cfg, now):  # after the last epoch: max_epochs
-            stopped_by = "time_limit"
             break
     seconds = time.perf_counter() - started + time_offset
     cpu_seconds = time.process_time() - cpu_started + cpu_offset
