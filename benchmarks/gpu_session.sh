@@ -60,11 +60,12 @@ case "$phase" in
     results=(models.json)
     ;;
   claims)
-    # BERT4Rec and MOJITO in SASRec's regime (benchmarks/curves.py BERT4REC_LONG, MOJITO_LONG), against the
+    # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG), against the
     # SASRec seeds of the `sasrec` phase
     run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --seeds 3 \
       --runs 'mojito@batching=random,patience=20,min_epochs=100,windows=all' \
-             'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2' --work-dir "$WORK/claims"
+             'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1' \
+      --work-dir "$WORK/claims"
     results=(models.json)
     ;;
   stream)

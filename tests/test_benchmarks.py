@@ -135,3 +135,13 @@ def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reus
     assert [c["epoch"] for c in second["sasrec"]["curve"]] == [1.0, 2.0, 3.0]
     assert not any(kept.iterdir())  # finished: its state goes
     assert bench("0")["sasrec"] == second["sasrec"]  # and the same command again reuses it
+
+
+def test_the_gpu_session_script_trains_todays_defaults():
+    """The first GPU session runs benchmarks/gpu_session.sh as written: its run strings must be the current
+    defaults, not those of the session that wrote it."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    assert f"SASREC='{curves.SASREC_DEFAULT_RUN}'" in script
+    claims = script.split("\n  claims)")[1].split(";;")[0]
+    assert f"'{curves.MOJITO_LONG}'" in claims
+    assert f"'{curves.BERT4REC_DEFAULT_RUN}'" in claims
