@@ -374,6 +374,33 @@ def test_mojito_bce_loss_unknown_users_and_noise():
     assert torch.isfinite(no_long.loss(train_batch(seq, times)))
 
 
+@pytest.mark.parametrize("n_queries", [7, 1])
+def test_mojito_mixture_attention_is_the_papers_two_maps_mixed_per_pair(n_queries):
+    """The folded products of `MixtureAttention` compute the admixture as written: the items and context
+    score maps, Linear(2→H), ReLU, Linear(H→H), scaled by 1/√d, masked, softmax, H value heads — for every
+    query and for the newest query alone (scoring)."""
+    from recsys.models.blocks import attention_mask
+    from recsys.models.mojito import MixtureAttention
+
+    torch.manual_seed(0)
+    B, Lk, d, H = 3, 7, 8, 2
+    attn = MixtureAttention(d, H, dropout=0.0).eval()
+    kv, k_ctx = torch.randn(B, Lk, 2 * d), torch.randn(B, Lk, d)
+    q, q_ctx = kv[:, -n_queries:], k_ctx[:, -n_queries:]
+    items = torch.arange(1, B * Lk + 1).view(B, Lk)
+    items[0, :3] = 0  # a padded row: its first three keys are hidden
+    mask = attention_mask(items, causal=True)[:, :, -n_queries:]  # (B, 1, Lq, Lk)
+    with torch.no_grad():
+        got = attn(q, kv, q_ctx, k_ctx, mask, torch.zeros(2))
+        maps = torch.stack([attn.q_item(q) @ attn.k_item(kv).transpose(1, 2),
+                            attn.q_ctx(q_ctx) @ attn.k_ctx(k_ctx).transpose(1, 2)], dim=-1)  # (B, Lq, Lk, 2)
+        heads = attn.mix2(F.relu(attn.mix1(maps))).permute(0, 3, 1, 2) / d**0.5  # (B, H, Lq, Lk)
+        p = heads.masked_fill(~mask, float("-inf")).softmax(-1)
+        v = attn.value(kv).view(B, Lk, H, 2 * d // H).transpose(1, 2)
+        want = (p @ v).transpose(1, 2).reshape(B, n_queries, 2 * d)
+    torch.testing.assert_close(got, want)
+
+
 def test_mojito_reference_residuals_are_causal_and_train():
     model = make_model("mojito", residual="reference")
     seq, times = sequences(B=4, seed=5)
