@@ -77,7 +77,13 @@ def prepare_dataset(dataset: str, data_root: str | Path, params):
 
 
 def git_commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    """HEAD's short hash, or BENCH_COMMIT where the checkout travelled without its git history (a GPU box)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
     return done.stdout.strip() or "unknown"
 
 
@@ -220,18 +226,21 @@ def row_key(row: dict) -> tuple[str, str, int]:
     return row["dataset"], row["run"], row_seed(row)
 
 
-def merge(results: list[dict]) -> list[dict]:
-    """Read-modify-write under a lock: several benchmark processes may finish runs at the same time."""
-    with claimed(RESULTS):
-        existing = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
+    """Read-modify-write under a lock: several benchmark processes may finish runs at the same time. The
+    RESULTS.md tables are built from the default file only; another `path` (GPU rows, whose (dataset, run,
+    seed) keys would replace the CPU rows') is merged alone."""
+    with claimed(path):
+        existing = json.loads(path.read_text()) if path.is_file() else []
         keep = {row_key(r): r for r in existing}
         for r in results:
             keep[row_key(r)] = r
         merged = sorted(keep.values(), key=row_key)
-        tmp = RESULTS.with_suffix(".tmp")
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(merged, indent=1) + "\n")
-        tmp.replace(RESULTS)
-        update_results_md(merged)
+        tmp.replace(path)
+        if path.resolve() == RESULTS.resolve():
+            update_results_md(merged)
     return merged
 
 
@@ -303,6 +312,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--work-dir", default="",
                         help="keep work (and resume state) here; rerun the same command to resume after a kill")
+    parser.add_argument("--results", default=str(RESULTS),
+                        help="JSON file the rows are merged into (RESULTS.md is rebuilt from the default one only)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -345,7 +356,7 @@ def main() -> None:
             # unless the clock stopped the run: it stays for the same command with a larger --max-minutes.
             if row["stopped_by"] != "time_limit":
                 prune_resume_state(resume_root(work, run, row_seed(row)), [row["model"]])
-            merge([row])
+            merge([row], Path(args.results))
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "
                          "stopped_by=%s", args.dataset, run, row_seed(row), row["test_ndcg@10"],
                          row["test_hr@10"], row["best_epoch"],

@@ -63,10 +63,16 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     tensors = TrainingTensors(data, spans, device)  # as the trainer: resident on the device
     batches = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0),
                          train_config.batching)[:n_batches]  # the trainer's plan for this model's config
+    # Two untimed steps and one untimed validation first: a run pays kernel selection, allocator growth and
+    # (on a GPU) library start-up once, not per epoch.
+    train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches)
     started = time.perf_counter()
     sequences = train_steps(model, optimizer, tensors, batches, device, train_config.micro_batches)
     train_seconds = time.perf_counter() - started
     inputs = validation_inputs(model, data, train_config, device)  # built once per run by the trainer
+    started = time.perf_counter()
+    validate(model, inputs)
+    first_valid_seconds = time.perf_counter() - started
     started = time.perf_counter()
     validate(model, inputs)
     valid_seconds = time.perf_counter() - started
@@ -75,9 +81,15 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
         "model": name,
         "train_sequences_per_second": round(per_second, 1),
         "epoch_seconds_estimate": round(len(spans) / per_second, 1),
-        "validation_seconds": round(valid_seconds, 2),
+        "validation_seconds": round(valid_seconds, 3),
+        "first_validation_seconds": round(first_valid_seconds, 3),
         "batches": len(batches),
     }
+
+
+def step_key(row: dict) -> tuple[str, str, str, str]:
+    """One row per (dataset, model, commit, device): a GPU row does not replace the same commit's CPU row."""
+    return row["dataset"], row["model"], row["commit"], row.get("device", "cpu")
 
 
 def main() -> None:
@@ -101,16 +113,16 @@ def main() -> None:
     for name in args.models:
         load_before = os.getloadavg()[0]
         row = measure(name, data, params, args.batches, device)
-        row.update(dataset=args.dataset, commit=commit, machine=machine(),
+        row.update(dataset=args.dataset, commit=commit, machine=machine(), device=device.type,
                    load_average_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
                    command=" ".join([Path(sys.executable).name, *sys.argv]))
         print(json.dumps(row), flush=True)
         rows.append(row)
     existing = json.loads(results.read_text()) if results.is_file() else []
-    keep = {(r["dataset"], r["model"], r["commit"]): r for r in existing}
-    keep.update({(r["dataset"], r["model"], r["commit"]): r for r in rows})
+    keep = {step_key(r): r for r in existing}
+    keep.update({step_key(r): r for r in rows})
     with tempfile.NamedTemporaryFile("w", dir=results.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump(sorted(keep.values(), key=lambda r: (r["dataset"], r["model"], r["commit"])), tmp, indent=1)
+        json.dump(sorted(keep.values(), key=step_key), tmp, indent=1)
     Path(tmp.name).replace(results)
 
 

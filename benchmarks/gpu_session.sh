@@ -78,8 +78,49 @@ case "$phase" in
     wait "$helper" || echo "gpu_session: the cold helper stopped early (the main process trained what it left)" >&2
     results=(stream.json)
     ;;
+  quick)
+    # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
+    # telling first, each piece bounded so a slow one cannot starve the rest: the step/scoring rows; the
+    # 10-s budget at three batch sizes (seed 42) and at the middle one for seeds 43–44; the SASRec defaults
+    # on seed 42 (time to best); then BERT4Rec's and MOJITO's defaults on seed 42, each given half of what
+    # is left by --max-minutes (a row the clock stopped says so: `stopped_by: time_limit`). GPU rows go to
+    # results/models-gpu.json (their (dataset, run, seed) keys would replace the CPU rows in models.json).
+    budget_s="${QUICK_S:-540}"
+    gpu=(--dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --results benchmarks/results/models-gpu.json)
+    back() { [[ -z "${OUT:-}" ]] || cp benchmarks/results/step.json benchmarks/results/models-gpu.json "$OUT/" 2>/dev/null || true; }
+    left() { echo $(( budget_s - SECONDS )); }
+    [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+    timeout --signal=INT 150 "$PYTHON" benchmarks/bench_step.py --dataset ml-1m-half --data-root "$DATA_ROOT" \
+      --device "$DEVICE" --batches 24 || echo "gpu_session: step failed" >&2
+    back
+    big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
+    timeout --signal=INT 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+      --work-dir "$WORK/budget" --runs "${big},batch_size=512" "${big},batch_size=1024" "${big},batch_size=2048" \
+      || echo "gpu_session: budget runs failed" >&2
+    back
+    timeout --signal=INT 100 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+      --work-dir "$WORK/budget" --seeds 2 --seed-offset 1 --runs "${big},batch_size=1024" \
+      || echo "gpu_session: budget seeds failed" >&2
+    back
+    cap=$(( $(left) / 2 - 20 )); (( cap < 150 )) || cap=150
+    if (( cap > 20 )); then
+      timeout --signal=INT $(( cap + 60 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/sasrec" \
+        --max-minutes "$(awk "BEGIN{print $cap/60}")" --runs "$SASREC" || echo "gpu_session: sasrec failed" >&2
+      back
+    fi
+    for run in 'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1' \
+               'mojito@batching=random,patience=20,min_epochs=100,windows=all'; do
+      cap=$(( $(left) / 2 - 25 )); [[ $run == mojito* ]] && cap=$(( $(left) - 45 ))
+      (( cap > 20 )) || { echo "gpu_session: no time left for $run" >&2; continue; }
+      timeout --signal=INT $(( cap + 40 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/claims" \
+        --max-minutes "$(awk "BEGIN{print $cap/60}")" --runs "$run" || echo "gpu_session: $run failed" >&2
+      back
+    done
+    results=()  # each piece copied its files already
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_session.sh step|sasrec|claims|stream (see the top of this file)" >&2
+    echo "usage: bash benchmarks/gpu_session.sh quick|step|sasrec|claims|stream (see the top of this file)" >&2
     exit 2
     ;;
 esac
