@@ -12,6 +12,7 @@ The model is freshly initialised: throughput does not depend on what it has lear
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.models import build_model  # noqa: E402
+from recsys.models import build_model, losses  # noqa: E402
 from recsys.sequences import (  # noqa: E402
     SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
 )
@@ -54,8 +55,12 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
     return sequences
 
 
-def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device) -> dict:
+def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
+            batch_size: int = 0) -> dict:
+    """`batch_size` 0: the model's own (params.yaml)."""
     model_config, train_config = params.model_config(name), params.train_config(name)
+    if batch_size:
+        train_config = dataclasses.replace(train_config, batch_size=batch_size)
     torch.manual_seed(0)
     model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
@@ -84,12 +89,16 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
         "validation_seconds": round(valid_seconds, 3),
         "first_validation_seconds": round(first_valid_seconds, 3),
         "batches": len(batches),
+        "batch_size": train_config.batch_size,
+        "loss_chunk_elements": losses._CHUNK_ELEMENTS,
     }
 
 
-def step_key(row: dict) -> tuple[str, str, str, str]:
-    """One row per (dataset, model, commit, device): a GPU row does not replace the same commit's CPU row."""
-    return row["dataset"], row["model"], row["commit"], row.get("device", "cpu")
+def step_key(row: dict) -> tuple[str, str, str, str, int, int]:
+    """One row per (dataset, model, commit, device, batch size, loss chunk): a GPU row does not replace the
+    same commit's CPU row, nor one point of a sweep another (rows from before the fields: 0, 0)."""
+    return (row["dataset"], row["model"], row["commit"], row.get("device", "cpu"), row.get("batch_size", 0),
+            row.get("loss_chunk_elements", 0))
 
 
 def main() -> None:
@@ -101,7 +110,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--results", default=str(RESULTS), help="JSON file the rows are merged into")
+    parser.add_argument("--batch-size", type=int, default=0, help="0 = each model's own (params.yaml)")
+    parser.add_argument("--loss-chunk-elements", type=int, default=0,
+                        help="logits per chunk of the full-softmax loss (recsys/models/losses.py); 0 = its default")
     args = parser.parse_args()
+    if args.batch_size < 0 or args.loss_chunk_elements < 0:
+        parser.error("--batch-size and --loss-chunk-elements take 0 (the default) or a positive count")
+    if args.loss_chunk_elements:
+        losses._CHUNK_ELEMENTS = args.loss_chunk_elements
     results = Path(args.results)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,7 +128,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         load_before = os.getloadavg()[0]
-        row = measure(name, data, params, args.batches, device)
+        row = measure(name, data, params, args.batches, device, args.batch_size)
         row.update(dataset=args.dataset, commit=commit, machine=machine(), device=device.type,
                    load_average_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
                    command=" ".join([Path(sys.executable).name, *sys.argv]))

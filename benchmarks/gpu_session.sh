@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU rows of issues 11 and 14, cut into pieces that each fit one device command (10 minutes on one H100).
-# No session so far was lent a GPU; this is the plan for the first one that is, so its 30 device-minutes go
-# to measuring, not to working out commands.
+# Written before any session had a GPU, so that a lease goes to measuring, not to working out commands.
+#
+# Session 16 had 15 device-minutes and used `quick` (all of it in one command, then the gaps on the warm
+# machine): `BENCH_COMMIT=$(git rev-parse --short HEAD)` in the device command names the commit (the
+# checkout travels without .git), and `set -o pipefail; bash benchmarks/gpu_session.sh quick 2>&1 | tee
+# $OUT/quick.log` keeps the log. Run `quick` first in a short lease; the phases below suit a longer one.
 #
 # On this machine, once (the data beside the checkout does not travel to the device; .gpu-data does when
 # it is carried):
@@ -14,8 +18,9 @@
 #     bash benchmarks/gpu_session.sh stream   # warm vs cold stream, ml-1m-half, SASRec, 5 batches
 # Each phase merges its rows into benchmarks/results/*.json as the CPU runs do and, where $OUT is set (the
 # device tool's folder that comes back), copies those files there: merge them into the checkout's own with
-# the scripts' merge functions (bench_models.merge, bench_stream.write_record), then rebuild the tables
-# (python benchmarks/curves.py). Every phase runs under `timeout` a little inside the device's limit, with
+# the scripts' merge functions (bench_models.merge(rows, path) into results/models-gpu.json — GPU rows never go
+# to models.json, whose (dataset, run, seed) keys they would take over — bench_stream.write_record), then
+# rebuild the tables (python benchmarks/curves.py). Every phase runs under `timeout` a little inside the device's limit, with
 # --work-dir so a phase cut short can be run again while the machine is still warm (its idle release is
 # short: call again at once).
 #
@@ -50,23 +55,26 @@ case "$phase" in
     ;;
   sasrec)
     # the defaults as trained on the CPU (batch 128): quality and time to best over three seeds
-    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --seeds 3 \
+    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
+      --results benchmarks/results/models-gpu.json --seeds 3 \
       --runs "$SASREC" --work-dir "$WORK/sasrec"
     # the issue's budget: test NDCG@10 of what 10 s of training (validation included) reaches, large batches
     run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
+      --results benchmarks/results/models-gpu.json \
       --max-minutes 0.1667 --work-dir "$WORK/budget" \
       --runs "${SASREC},batch_size=1024,lr_scaling=sqrt,warmup_steps=50,min_epochs=0" \
              "${SASREC},batch_size=2048,lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
-    results=(models.json)
+    results=(models-gpu.json)
     ;;
   claims)
     # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG), against the
     # SASRec seeds of the `sasrec` phase
-    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --seeds 3 \
+    run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
+      --results benchmarks/results/models-gpu.json --seeds 3 \
       --runs 'mojito@batching=random,patience=20,min_epochs=100,windows=all' \
              'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1' \
       --work-dir "$WORK/claims"
-    results=(models.json)
+    results=(models-gpu.json)
     ;;
   stream)
     # one cold line, two warm; a --cold-only helper on the same GPU trains cold runs newest step first
@@ -80,43 +88,59 @@ case "$phase" in
     ;;
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
-    # telling first, each piece bounded so a slow one cannot starve the rest: the step/scoring rows; the
-    # 10-s budget at three batch sizes (seed 42) and at the middle one for seeds 43–44; the SASRec defaults
-    # on seed 42 (time to best); then BERT4Rec's and MOJITO's defaults on seed 42, each given half of what
-    # is left by --max-minutes (a row the clock stopped says so: `stopped_by: time_limit`). GPU rows go to
-    # results/models-gpu.json (their (dataset, run, seed) keys would replace the CPU rows in models.json).
+    # telling first, each piece bounded so that a slow one cannot starve the rest:
+    #   1. step and scoring rows of the three models, then SASRec's step at batch 128 and 1024 with the
+    #      full-softmax loss cut into chunks of 4M (the default, sized for a CPU), 64M and 256M logits: is the
+    #      launch-bound step (session 16: ~12.5 ms at batch 128) the loss's chunk loop?
+    #   2. the model claims' seeds still missing from results/models-gpu.json (a row there that stopped
+    #      early is done; one the clock stopped is trained again), seed by seed, SASRec first, each under
+    #      --max-minutes of what is left (a row the clock stops says `stopped_by: time_limit`);
+    #   3. with QUICK_BUDGET=1, the 10-s budget at batch 512/1024/2048 (session 16 measured it at f12000f).
+    # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
+    # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
     budget_s="${QUICK_S:-540}"
     gpu=(--dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --results benchmarks/results/models-gpu.json)
+    step=(benchmarks/bench_step.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --batches 24)
     back() { [[ -z "${OUT:-}" ]] || cp benchmarks/results/step.json benchmarks/results/models-gpu.json "$OUT/" 2>/dev/null || true; }
     left() { echo $(( budget_s - SECONDS )); }
+    done_on_gpu() {  # a row of run $1, seed 42 + $2 that stopped early is already in models-gpu.json
+      "$PYTHON" - "$1" "$2" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path("benchmarks/results/models-gpu.json")
+rows = json.loads(path.read_text()) if path.is_file() else []
+sys.exit(0 if any(r["dataset"] == "ml-1m-half" and r["run"] == sys.argv[1] and r["seed"] == 42 + int(sys.argv[2])
+                  and r["stopped_by"] == "early_stopping" for r in rows) else 1)
+PY
+    }
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
-    timeout --signal=INT 150 "$PYTHON" benchmarks/bench_step.py --dataset ml-1m-half --data-root "$DATA_ROOT" \
-      --device "$DEVICE" --batches 24 || echo "gpu_session: step failed" >&2
+    timeout --signal=INT 120 "$PYTHON" "${step[@]}" || echo "gpu_session: step failed" >&2
+    for point in "128 67108864" "128 268435456" "1024 0" "1024 67108864" "1024 268435456"; do
+      read -r batch chunk <<< "$point"
+      timeout --signal=INT 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" \
+        --loss-chunk-elements "$chunk" || echo "gpu_session: step at batch $batch, chunk $chunk failed" >&2
+    done
     back
-    big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
-    timeout --signal=INT 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
-      --work-dir "$WORK/budget" --runs "${big},batch_size=512" "${big},batch_size=1024" "${big},batch_size=2048" \
-      || echo "gpu_session: budget runs failed" >&2
-    back
-    timeout --signal=INT 100 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
-      --work-dir "$WORK/budget" --seeds 2 --seed-offset 1 --runs "${big},batch_size=1024" \
-      || echo "gpu_session: budget seeds failed" >&2
-    back
-    cap=$(( $(left) / 2 - 20 )); (( cap < 150 )) || cap=150
-    if (( cap > 20 )); then
-      timeout --signal=INT $(( cap + 60 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/sasrec" \
-        --max-minutes "$(awk "BEGIN{print $cap/60}")" --runs "$SASREC" || echo "gpu_session: sasrec failed" >&2
+    bert4rec='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
+    mojito='mojito@batching=random,patience=20,min_epochs=100,windows=all'
+    for offset in 0 1 2; do
+      for run in "$SASREC" "$bert4rec" "$mojito"; do
+        ! done_on_gpu "$run" "$offset" || continue
+        cap=$(( $(left) - 40 )); (( cap < 240 )) || cap=240
+        (( cap > 30 )) || { echo "gpu_session: no time left for $run, seed offset $offset" >&2; continue; }
+        timeout --signal=INT $(( cap + 35 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" \
+          --work-dir "$WORK/claims" --seed-offset "$offset" --max-minutes "$(awk "BEGIN{print $cap/60}")" \
+          --runs "$run" || echo "gpu_session: $run, seed offset $offset failed" >&2
+        back
+      done
+    done
+    if [[ "${QUICK_BUDGET:-0}" == 1 ]] && (( $(left) > 60 )); then
+      big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
+      timeout --signal=INT "$(left)" "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+        --work-dir "$WORK/budget" --runs "${big},batch_size=512" "${big},batch_size=1024" \
+        "${big},batch_size=2048" || echo "gpu_session: budget runs failed" >&2
       back
     fi
-    for run in 'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1' \
-               'mojito@batching=random,patience=20,min_epochs=100,windows=all'; do
-      cap=$(( $(left) / 2 - 25 )); [[ $run == mojito* ]] && cap=$(( $(left) - 45 ))
-      (( cap > 20 )) || { echo "gpu_session: no time left for $run" >&2; continue; }
-      timeout --signal=INT $(( cap + 40 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/claims" \
-        --max-minutes "$(awk "BEGIN{print $cap/60}")" --runs "$run" || echo "gpu_session: $run failed" >&2
-      back
-    done
     results=()  # each piece copied its files already
     ;;
   *)

@@ -99,6 +99,35 @@ def test_a_gpu_step_row_does_not_replace_the_same_commits_cpu_row():
     assert bench_step.step_key(cpu) == bench_step.step_key({**cpu, "device": "cpu"})
 
 
+def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_path, monkeypatch,
+                                                                             tiny_prepared):
+    """The GPU lease's first measurement (gpu_session.sh quick): one row per (batch size, loss chunk), so a
+    sweep keeps every point; the chunk setting is the loss's own, and what it was is recorded."""
+    import bench_step
+
+    from recsys.models import losses
+
+    monkeypatch.setattr(bench_step, "prepare_dataset", lambda dataset, root, params: tiny_prepared)
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", losses._CHUNK_ELEMENTS)  # restored after the test
+    results = tmp_path / "step.json"
+
+    def bench(*extra: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--models", "sasrec",
+                                          "--batches", "2", "--device", "cpu", "--results", str(results), *extra])
+        bench_step.main()
+
+    bench("--batch-size", "4", "--loss-chunk-elements", "640")
+    assert losses._CHUNK_ELEMENTS == 640
+    bench("--batch-size", "8", "--loss-chunk-elements", "640")
+    rows = json.loads(results.read_text())
+    assert [(r["batch_size"], r["loss_chunk_elements"], r["device"]) for r in rows] == [(4, 640, "cpu"),
+                                                                                      (8, 640, "cpu")]
+    assert all(r["train_sequences_per_second"] > 0 and r["validation_seconds"] > 0 for r in rows)
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--loss-chunk-elements", "-1"])
+    with pytest.raises(SystemExit):
+        bench_step.main()
+
+
 def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path):
     from bench_models import work_area
 
@@ -187,6 +216,14 @@ def test_the_gpu_session_script_trains_todays_defaults():
     defaults, not those of the session that wrote it."""
     script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
     assert f"SASREC='{curves.SASREC_DEFAULT_RUN}'" in script
+    # every GPU training row goes to results/models-gpu.json, never over the CPU rows in models.json
+    commands = script.replace("\\\n", " ").splitlines()  # backslash-continued lines joined
+    gpu_args = next(c for c in commands if c.strip().startswith("gpu=("))
+    assert "--results benchmarks/results/models-gpu.json" in gpu_args
+    trains = [c for c in commands if "benchmarks/bench_models.py" in c]
+    assert len(trains) >= 4
+    for command in trains:
+        assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
     for phase in ("claims", "quick"):  # both phases that train the claims
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
         assert f"'{curves.MOJITO_LONG}'" in claims
