@@ -90,7 +90,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
         "first_validation_seconds": round(first_valid_seconds, 3),
         "batches": len(batches),
         "batch_size": train_config.batch_size,
-        "loss_chunk_elements": losses._CHUNK_ELEMENTS,
+        "loss_chunk_elements": losses.chunk_elements(device),
     }
 
 
@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--results", default=str(RESULTS), help="JSON file the rows are merged into")
     parser.add_argument("--batch-size", type=int, default=0, help="0 = each model's own (params.yaml)")
     parser.add_argument("--loss-chunk-elements", type=int, default=0,
-                        help="logits per chunk of the full-softmax loss (recsys/models/losses.py); 0 = its default")
+                        help="logits per chunk of the full-softmax loss (recsys/models/losses.py); "
+                             "0 = the device's default")
     args = parser.parse_args()
     if args.batch_size < 0 or args.loss_chunk_elements < 0:
         parser.error("--batch-size and --loss-chunk-elements take 0 (the default) or a positive count")

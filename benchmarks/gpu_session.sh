@@ -90,8 +90,9 @@ case "$phase" in
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
     # telling first, each piece bounded so that a slow one cannot starve the rest:
     #   1. step and scoring rows of the three models, then SASRec's step at batch 128 and 1024 with the
-    #      full-softmax loss cut into chunks of 4M (the default, sized for a CPU), 64M and 256M logits: is the
-    #      launch-bound step (session 16: ~12.5 ms at batch 128) the loss's chunk loop?
+    #      full-softmax loss cut into chunks of 4M (the CPU's size, CUDA's until session 16), 64M (CUDA's
+    #      default since) and 256M logits: does the launch-bound step (session 16: ~12.5 ms at batch 128,
+    #      4M chunks) get faster with ~40 % (batch 128) or ~80 % (batch 1024) fewer operators?
     #   2. the model claims' seeds still missing from results/models-gpu.json (a row there that stopped
     #      early is done; one the clock stopped is trained again), seed by seed, SASRec first, each under
     #      --max-minutes of what is left (a row the clock stops says `stopped_by: time_limit`);
@@ -115,7 +116,7 @@ PY
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
     timeout --signal=INT 120 "$PYTHON" "${step[@]}" || echo "gpu_session: step failed" >&2
-    for point in "128 67108864" "128 268435456" "1024 0" "1024 67108864" "1024 268435456"; do
+    for point in "128 4194304" "128 268435456" "1024 4194304" "1024 0" "1024 268435456"; do
       read -r batch chunk <<< "$point"
       timeout --signal=INT 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" \
         --loss-chunk-elements "$chunk" || echo "gpu_session: step at batch $batch, chunk $chunk failed" >&2

@@ -128,6 +128,28 @@ def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_
         bench_step.main()
 
 
+def test_step_ops_counts_the_loss_chunk_loops_operators(monkeypatch, tiny_prepared):
+    """benchmarks/step_ops.py: a smaller loss chunk means more chunks, each a few more operators; the
+    optimiser's operators are counted apart and do not change with it."""
+    import step_ops
+
+    from recsys.models import losses
+    from recsys.sequences import SequenceData
+
+    params, data = load_params(ROOT / "params.yaml"), SequenceData.from_prepared(tiny_prepared)
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", None)
+    whole = step_ops.count("sasrec", data, params, 8, steps=1)
+    items = tiny_prepared.n_items
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", items * 4)  # 4 rows a chunk
+    chunked = step_ops.count("sasrec", data, params, 8, steps=1)
+    assert whole["loss_chunk_elements"] == 1 << 22 and chunked["loss_chunk_elements"] == items * 4
+    chunks = -(-chunked["target_positions_per_step"] // 4)
+    assert chunks > 2
+    extra = chunked["forward_backward_ops_per_step"] - whole["forward_backward_ops_per_step"]
+    assert 10 * (chunks - 1) <= extra <= 100 * (chunks - 1)  # each further chunk: tens of operators
+    assert chunked["optimizer_ops_per_step_cpu"] == whole["optimizer_ops_per_step_cpu"] > 0
+
+
 def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path):
     from bench_models import work_area
 

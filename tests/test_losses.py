@@ -48,3 +48,29 @@ def test_rejects_mismatched_shapes_and_empty_input() -> None:
                              table=torch.zeros(2, 5))
     with pytest.raises(ValueError, match="at least one row"):
         linear_cross_entropy(torch.zeros(0, 4), torch.zeros(5, 4), torch.zeros(0, dtype=torch.long))
+
+
+def test_the_chunk_is_sized_per_device_and_an_override_wins(monkeypatch) -> None:
+    """4M logits on a CPU (memory-bound there), 64M on CUDA (each chunk is ~50 operator launches the GPU
+    waits for: benchmarks/step_ops.py); `_CHUNK_ELEMENTS` (tests, bench_step.py) sizes it on every device."""
+    assert losses.chunk_elements(torch.device("cpu")) == 1 << 22
+    assert losses.chunk_elements(torch.device("cuda")) == 1 << 26
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 91)
+    assert losses.chunk_elements(torch.device("cpu")) == losses.chunk_elements(torch.device("cuda")) == 91
+
+
+def test_one_chunk_and_many_give_the_same_loss_and_gradients(monkeypatch) -> None:
+    """The device's chunk size changes how many rows a chunk holds, never the result."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(50, 8, generator=g).requires_grad_()
+    w = torch.randn(11, 8, generator=g).requires_grad_()
+    y = torch.randint(0, 11, (50,), generator=g)
+    results = []
+    for elements in (11 * 3, 11 * 50):  # 17 chunks; one chunk
+        monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", elements)
+        h.grad = w.grad = None
+        loss = linear_cross_entropy(h, w, y)
+        loss.backward()
+        results.append((loss.detach(), h.grad.clone(), w.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

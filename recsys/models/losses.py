@@ -17,8 +17,20 @@ from __future__ import annotations
 
 import torch
 
-# Rows per chunk: about 4M logits (16 MB in float32) per chunk.
-_CHUNK_ELEMENTS = 1 << 22
+# Logits per chunk. On a CPU, where this loss is memory-bound, about 4M (16 MB in float32). On a GPU the
+# chunk loop's ~50 operators per chunk are host time the device waits for: a SASRec step on ml-1m-half runs
+# 1,314 operators at batch 128 with 4M-logit chunks and 756 with one 64M chunk; 5,395 and 1,022 at batch
+# 1024 (`benchmarks/step_ops.py`), and an H200 took ~12.5 and ~65 ms for those steps, ~10 µs an operator
+# (benchmarks/RESULTS.md) — so 64M there (256 MB of float32 logits at most).
+_CHUNK_BY_DEVICE = {"cuda": 1 << 26}
+_CHUNK_DEFAULT = 1 << 22
+# One size for every device when set (tests; benchmarks/bench_step.py --loss-chunk-elements).
+_CHUNK_ELEMENTS: int | None = None
+
+
+def chunk_elements(device: torch.device) -> int:
+    """Logits per chunk of `linear_cross_entropy` on `device`."""
+    return _CHUNK_ELEMENTS or _CHUNK_BY_DEVICE.get(device.type, _CHUNK_DEFAULT)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -43,7 +55,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             bias_f = None if bias is None else bias.float()
             table_f = None if table is None else table.float()
-            step = max(1, _CHUNK_ELEMENTS // max(classes, 1))
+            step = max(1, chunk_elements(h.device) // max(classes, 1))
             for s in range(0, n, step):
                 hc, yc = hw[s : s + step], y[s : s + step]
                 p = (hc @ ww.T).float()  # (c, I) logits
