@@ -117,8 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch_size < 0 or args.loss_chunk_elements < 0:
         parser.error("--batch-size and --loss-chunk-elements take 0 (the default) or a positive count")
-    if args.loss_chunk_elements:
-        losses._CHUNK_ELEMENTS = args.loss_chunk_elements
+    losses._CHUNK_ELEMENTS = args.loss_chunk_elements or None  # None: the device's own size
     results = Path(args.results)
     if args.threads:
         torch.set_num_threads(args.threads)
