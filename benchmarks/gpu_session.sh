@@ -89,9 +89,9 @@ case "$phase" in
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
     # telling first, each piece bounded so that a slow one cannot starve the rest:
-    #   1. step and scoring rows of the three models, then SASRec's step at batch 128 and 1024 with the
-    #      full-softmax loss cut into chunks of 4M (the CPU's size, CUDA's until session 16), 64M (CUDA's
-    #      default since) and 256M logits: does the launch-bound step (session 16: ~12.5 ms at batch 128,
+    #   1. step and scoring rows of the three models (CUDA's 64M-logit loss chunk since session 16), then
+    #      SASRec's step at batch 128 with 4M chunks (the CPU's size, CUDA's until session 16) and at batch
+    #      1024 with 4M, 16M, 64M and 256M: does the launch-bound step (session 16: ~12.5 ms at batch 128,
     #      4M chunks) get faster with ~40 % (batch 128) or ~80 % (batch 1024) fewer operators?
     #   2. the model claims' seeds still missing from results/models-gpu.json (a row there that stopped
     #      early is done; one the clock stopped is trained again), seed by seed, SASRec first, each under
