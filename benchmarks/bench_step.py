@@ -55,19 +55,28 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
     return sequences
 
 
-def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
-            batch_size: int = 0) -> dict:
-    """`batch_size` 0: the model's own (params.yaml)."""
+def step_setup(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
+               batch_size: int = 0):
+    """A freshly initialised model `name` with its Adam, its training spans resident on `device` as the
+    trainer keeps them, and the first `n_batches` batches of the trainer's epoch plan; `batch_size` 0: the
+    model's own (params.yaml). Returns (train config, model, optimiser, tensors, batches)."""
     model_config, train_config = params.model_config(name), params.train_config(name)
     if batch_size:
         train_config = dataclasses.replace(train_config, batch_size=batch_size)
     torch.manual_seed(0)
     model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
-    spans = data.train_spans(int(model_config.max_len), train_config.windows)
-    tensors = TrainingTensors(data, spans, device)  # as the trainer: resident on the device
+    tensors = TrainingTensors(data, data.train_spans(int(model_config.max_len), train_config.windows), device)
     batches = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0),
-                         train_config.batching)[:n_batches]  # the trainer's plan for this model's config
+                         train_config.batching)[:n_batches]
+    return train_config, model, optimizer, tensors, batches
+
+
+def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
+            batch_size: int = 0) -> dict:
+    """`batch_size` 0: the model's own (params.yaml)."""
+    train_config, model, optimizer, tensors, batches = step_setup(name, data, params, n_batches, device,
+                                                                  batch_size)
     # Two untimed steps and one untimed validation first: a run pays kernel selection, allocator growth and
     # (on a GPU) library start-up once, not per epoch.
     train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches)
@@ -85,7 +94,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     return {
         "model": name,
         "train_sequences_per_second": round(per_second, 1),
-        "epoch_seconds_estimate": round(len(spans) / per_second, 1),
+        "epoch_seconds_estimate": round(len(tensors.lengths) / per_second, 1),
         "validation_seconds": round(valid_seconds, 3),
         "first_validation_seconds": round(first_valid_seconds, 3),
         "batches": len(batches),

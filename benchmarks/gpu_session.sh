@@ -44,6 +44,9 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK="${TMPDIR:-/tmp}/recsys-gpu-session"
 SASREC='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windows=all,min_epochs=100,batching=random'
+# BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG)
+BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
+MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
 
 run() { timeout --signal=INT "$LIMIT_S" "$PYTHON" "$@"; }
 
@@ -67,12 +70,10 @@ case "$phase" in
     results=(models-gpu.json)
     ;;
   claims)
-    # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG), against the
-    # SASRec seeds of the `sasrec` phase
+    # BERT4Rec's and MOJITO's defaults, against the SASRec seeds of the `sasrec` phase
     run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
       --results benchmarks/results/models-gpu.json --seeds 3 \
-      --runs 'mojito@batching=random,patience=20,min_epochs=100,windows=all' \
-             'bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1' \
+      --runs "$MOJITO" "$BERT4REC" \
       --work-dir "$WORK/claims"
     results=(models-gpu.json)
     ;;
@@ -123,10 +124,8 @@ PY
         --loss-chunk-elements "$chunk" || echo "gpu_session: step at batch $batch, chunk $chunk failed" >&2
     done
     back
-    bert4rec='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
-    mojito='mojito@batching=random,patience=20,min_epochs=100,windows=all'
     for offset in 0 1 2; do
-      for run in "$SASREC" "$bert4rec" "$mojito"; do
+      for run in "$SASREC" "$BERT4REC" "$MOJITO"; do
         ! done_on_gpu "$run" "$offset" || continue
         # a run that cannot reach its best epoch in what is left is not started (session 16 on an H200: SASRec
         # 57–77 s to best, BERT4Rec 89–108 s, MOJITO 145 s; a clock-stopped row is left out of the claims)

@@ -15,7 +15,6 @@ with a next item: the loss rows of SASRec and MOJITO (BERT4Rec's are its masked 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -26,11 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
+from benchmarks.bench_step import step_setup  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.models import build_model, losses  # noqa: E402
-from recsys.sequences import (  # noqa: E402
-    SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
-)
+from recsys.models import losses  # noqa: E402
+from recsys.sequences import SequenceData, micro_batches  # noqa: E402
 from recsys.train import optimiser_step  # noqa: E402
 
 
@@ -53,28 +51,18 @@ def leaf_ops(prof) -> tuple[int, int]:
 
 
 def count(name: str, data: SequenceData, params, batch_size: int, steps: int) -> dict:
-    model_config, train_config = params.model_config(name), params.train_config(name)
-    train_config = dataclasses.replace(train_config, batch_size=batch_size or train_config.batch_size)
-    torch.manual_seed(0)
     device = torch.device("cpu")
-    model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr)
-    spans = data.train_spans(int(model_config.max_len), train_config.windows)
-    tensors = TrainingTensors(data, spans, device)
-    plan = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0),
-                      train_config.batching)[:steps]
+    train_config, model, optimizer, tensors, plan = step_setup(name, data, params, steps, device, batch_size)
     terms = model.loss_terms(tensors.lengths)
     model.train()
-    ops, targets = [], []
+    ops = []
     for rows in plan:
         # one micro-batch per step, as on CUDA (train.micro_batches auto = 1 there)
-        micro = micro_batches(tensors.lengths[rows], micro_batch_count(1, device), terms[rows])
+        micro = micro_batches(tensors.lengths[rows], 1, terms[rows])
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             optimiser_step(model, model.loss, optimizer, tensors, torch.from_numpy(rows), micro)
         ops.append(leaf_ops(prof))
-        width = int(tensors.lengths[rows].max()) - 1
-        targets.append(int((tensors.batch(torch.from_numpy(rows), width).targets > 0)
-                           .sum()))
+    targets = [int((tensors.lengths[rows] - 1).sum()) for rows in plan]  # a span of n events: n - 1 targets
     model_ops = [o[0] for o in ops]
     return {"model": name, "batch_size": train_config.batch_size,
             "loss_chunk_elements": losses.chunk_elements(device),

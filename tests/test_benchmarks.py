@@ -254,7 +254,9 @@ def test_the_gpu_session_script_trains_todays_defaults():
     assert len(trains) >= 4
     for command in trains:
         assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
-    for phase in ("claims", "quick"):  # both phases that train the claims
+    assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
+    assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
+    for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
-        assert f"'{curves.MOJITO_LONG}'" in claims
-        assert f"'{curves.BERT4REC_DEFAULT_RUN}'" in claims
+        assert '"$MOJITO"' in claims and '"$BERT4REC"' in claims
+        assert "mojito@" not in claims and "bert4rec@" not in claims  # no copy of a run string to go stale
