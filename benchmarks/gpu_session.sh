@@ -90,6 +90,10 @@ case "$phase" in
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
     # telling first, each piece bounded so that a slow one cannot starve the rest:
+    #   0. train.cuda_graph (session 17, never yet run on a GPU): SASRec's step rows at batch 128 and 1024
+    #      with the captured step; the SASRec defaults with it, seed 42 (time to best against the eager
+    #      56–77 s, quality against 0.1873); the 10-s budget with it at batch 128, 512 and 1024. Each piece
+    #      says so and goes on if the capture fails;
     #   1. step and scoring rows of the three models (CUDA's 64M-logit loss chunk since session 16), then
     #      SASRec's step at batch 128 with 4M chunks (the CPU's size, CUDA's until session 16) and at batch
     #      1024 with 4M, 16M, 64M and 256M: does the launch-bound step (session 16: ~12.5 ms at batch 128,
@@ -116,6 +120,22 @@ PY
     }
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+    big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
+    if [[ "${QUICK_GRAPH:-1}" == 1 ]]; then
+      for batch in 128 1024; do
+        timeout --signal=INT -k 10 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" --cuda-graph \
+          || echo "gpu_session: graphed step at batch $batch failed" >&2
+      done
+      back
+      timeout --signal=INT -k 10 190 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/graph" \
+        --max-minutes 2.5 --runs "${SASREC},cuda_graph=true" || echo "gpu_session: graphed SASRec failed" >&2
+      back
+      timeout --signal=INT -k 10 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+        --work-dir "$WORK/graph-budget" --runs "${SASREC},batch_size=128,cuda_graph=true" \
+        "${big},batch_size=512,cuda_graph=true" "${big},batch_size=1024,cuda_graph=true" \
+        || echo "gpu_session: graphed budget runs failed" >&2
+      back
+    fi
     timeout --signal=INT -k 10 120 "$PYTHON" "${step[@]}" || echo "gpu_session: step failed" >&2
     # (batch 128's ~14k target positions fit one 64M chunk: 256M there would repeat the first call's point)
     for point in "128 4194304" "1024 4194304" "1024 16777216" "1024 0" "1024 268435456"; do
@@ -139,7 +159,6 @@ PY
       done
     done
     if [[ "${QUICK_BUDGET:-0}" == 1 ]] && (( $(left) > 60 )); then
-      big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
       timeout --signal=INT -k 10 "$(left)" "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
         --work-dir "$WORK/budget" --runs "${big},batch_size=512" "${big},batch_size=1024" \
         "${big},batch_size=2048" || echo "gpu_session: budget runs failed" >&2

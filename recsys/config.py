@@ -105,6 +105,11 @@ class TrainConfig:
     # warm_keep × champion + (1 − warm_keep) × this run's fresh initialisation ("shrink and perturb", Ash &
     # Adams 2020, with the perturbation drawn from the model's own initialiser). 1 = the champion as it is.
     warm_keep: float = 1.0
+    # Train at one fixed shape (full-width batches of batch_size rows, padding masked in the loss) and, on
+    # CUDA, capture the step once as a CUDA graph and replay it: the step no longer waits for the host
+    # (recsys/step_graph.py). SASRec with loss ce only; one process; micro_batches 0 or 1. On a CPU the same
+    # step runs eagerly, at full width (slower than micro-batches there).
+    cuda_graph: bool = False
 
     @property
     def effective_lr(self) -> float:

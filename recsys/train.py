@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
-from recsys.config import TrainConfig
+from recsys.config import ConfigError, TrainConfig
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
@@ -39,6 +39,7 @@ from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
+from recsys.step_graph import FixedShapeStep
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
@@ -237,8 +238,8 @@ def train_model(
         raise ValueError("no user has two or more training events; nothing to train on")
     tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
     lr = cfg.effective_lr
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay,
-                                 fused=device.type == "cuda")
+    check_cuda_graph(model, model_name, cfg, world.active)
+    optimizer = make_optimizer(model, cfg, device)
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = _Resume(Path(resume_root or RESUME), model_name,
                      run_key(model_name, model_config, cfg, fingerprint, init))
@@ -261,6 +262,11 @@ def train_model(
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
+    fixed = (FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
+             if cfg.cuda_graph else None)
+    if fixed is not None and not fixed.graphed:
+        log.info("model=%s train.cuda_graph on %s: the fixed-shape step runs eagerly (a graph needs CUDA)",
+                 model_name, device.type)
     time_offset = state["seconds"] - (time.perf_counter() - started)
     cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
@@ -278,7 +284,8 @@ def train_model(
         whole = batch_rows(tensors.lengths, cfg.batch_size, generator, cfg.batching)
         plan = world.shard(whole)
         steps = [micro_batches(tensors.lengths[rows], world.micro_batch_count(parts, len(full)), terms[rows])
-                 for rows, full in zip(plan, whole)]  # per step: (start, stop, width, weight) per micro-batch
+                 for rows, full in zip(plan, whole)] if fixed is None else [None] * len(plan)
+        # per step: (start, stop, width, weight) per micro-batch (the fixed-shape step takes the rows whole)
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
         bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
@@ -288,8 +295,11 @@ def train_model(
                 for group in optimizer.param_groups:
                     group["lr"] = state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
             rows = flat[bounds[b] : bounds[b + 1]]
-            total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
-                                         grad_clip=cfg.grad_clip)
+            if fixed is not None:
+                total_loss += fixed(rows)
+            else:
+                total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
+                                             grad_clip=cfg.grad_clip)
             state["steps"] += 1
             if bar is not None:
                 bar.update(1)
@@ -354,6 +364,28 @@ def train_model(
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
         cpu_seconds=cpu_seconds, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
+
+
+def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Adam:
+    """The trainer's Adam: fused on CUDA, and capturable there under `train.cuda_graph` (a captured step)."""
+    cuda = device.type == "cuda"
+    return torch.optim.Adam(model.parameters(), lr=cfg.effective_lr, betas=(0.9, 0.98),
+                            weight_decay=cfg.weight_decay, fused=cuda, capturable=cfg.cuda_graph and cuda)
+
+
+def check_cuda_graph(model, model_name: str, cfg: TrainConfig, distributed: bool) -> None:
+    """Refuse `train.cuda_graph` where the fixed-shape step (recsys/step_graph.py) cannot run, before any
+    training: a model whose loss has a data-dependent shape, a data-parallel run, micro-batches."""
+    if not cfg.cuda_graph:
+        return
+    why = model.fixed_shape_refusal()
+    if why is None and distributed:
+        why = "a data-parallel run (torchrun) all-reduces gradients outside a graph"
+    if why is None and cfg.micro_batches > 1:
+        why = f"it takes each batch whole, and train.micro_batches is {cfg.micro_batches}; set it to 0 or 1"
+    if why is not None:
+        raise ConfigError(f"{model_name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false "
+                          f"for {model_name} (params.yaml, the model's train: section)")
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:

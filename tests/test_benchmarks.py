@@ -99,6 +99,21 @@ def test_gpu_tables_judge_the_budget_scoring_and_time_ratio_targets_on_wall_seco
     assert f"| `{mojito}` | 43 |" in again  # but it is in the rows table
 
 
+def test_gpu_budget_rows_with_a_cuda_graph_are_a_setting_of_their_own():
+    """A graphed budget run (train.cuda_graph) at batch 512 is not averaged with the eager one at 512; a graph
+    that reaches the target turns the verdict; a graphed step row says so beside its scoring time."""
+    base = curves.SASREC_DEFAULT_RUN
+    eager = _gpu_row(f"{base},batch_size=512", 42, 0.13, 10.0, 10.0, 512, 0.1667)
+    graphed = _gpu_row(f"{base},batch_size=512,cuda_graph=true", 42, 0.19, 10.0, 10.0, 512, 0.1667)
+    graphed["train"]["cuda_graph"] = True
+    step = {"dataset": "ml-1m-half", "model": "sasrec", "commit": "c", "device": "cuda", "batch_size": 128,
+            "loss_chunk_elements": 1 << 26, "fixed_shape": True, "cuda_graph": True,
+            "validation_seconds": 0.014, "train_sequences_per_second": 9e4}
+    text = curves.gpu_tables([eager, graphed], [step])
+    assert "batch 512: 0.1300 (1 seed); batch 512, cuda_graph: 0.1900 (1 seed) | met |" in text
+    assert "(c, batch 128, loss chunk 64M, CUDA graph) | 0.014 s" in text
+
+
 def test_a_gpu_step_row_does_not_replace_the_same_commits_cpu_row():
     import bench_step
 
@@ -131,6 +146,10 @@ def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_
     assert [(r["batch_size"], r["loss_chunk_elements"], r["device"]) for r in rows] == [(4, 640, "cpu"),
                                                                                       (8, 640, "cpu")]
     assert all(r["train_sequences_per_second"] > 0 and r["validation_seconds"] > 0 for r in rows)
+    bench("--batch-size", "8", "--loss-chunk-elements", "640", "--cuda-graph")  # the fixed-shape step's own row
+    rows = json.loads(results.read_text())
+    assert [(r["batch_size"], r["fixed_shape"]) for r in rows] == [(4, False), (8, False), (8, True)]
+    assert rows[-1]["cuda_graph"] is False and rows[-1]["train_sequences_per_second"] > 0  # no graph on a CPU
     monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--loss-chunk-elements", "-1"])
     with pytest.raises(SystemExit):
         bench_step.main()

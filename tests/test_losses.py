@@ -74,3 +74,52 @@ def test_one_chunk_and_many_give_the_same_loss_and_gradients(monkeypatch) -> Non
         results.append((loss.detach(), h.grad.clone(), w.grad.clone()))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_table", [False, True])
+def test_a_mask_gives_the_loss_and_gradients_of_its_rows_alone(monkeypatch, with_bias: bool,
+                                                                with_table: bool) -> None:
+    """`mask` (the fixed-shape batch of `train.cuda_graph`): the loss over every row with some masked out is
+    the loss over the kept rows selected first, in value and in every gradient; masked rows get none."""
+    monkeypatch.setattr(losses, "_CHUNK_ELEMENTS", 7 * 13)
+    g = torch.Generator().manual_seed(1)
+    n, d, c, groups = 40, 8, 13, 5
+    h = torch.randn(n, d, generator=g).requires_grad_()
+    w = torch.randn(c, d, generator=g).requires_grad_()
+    b = torch.randn(c, generator=g).requires_grad_() if with_bias else None
+    t = torch.randn(groups, c, generator=g).requires_grad_() if with_table else None
+    idx = torch.randint(0, groups, (n,), generator=g) if with_table else None
+    y = torch.randint(0, c, (n,), generator=g)
+    keep = torch.rand(n, generator=g) < 0.6
+    assert 0 < int(keep.sum()) < n
+
+    masked = linear_cross_entropy(h, w, y, bias=b, table=t, index=idx, mask=keep)
+    (masked * 2.0).backward()
+    got = [x.grad.clone() for x in (h, w, b, t) if x is not None]
+    for x in (h, w, b, t):
+        if x is not None:
+            x.grad = None
+    selected = linear_cross_entropy(h[keep], w, y[keep], bias=b, table=t,
+                                    index=None if idx is None else idx[keep])
+    (selected * 2.0).backward()
+    want = [x.grad for x in (h, w, b, t) if x is not None]
+
+    torch.testing.assert_close(masked, selected, rtol=1e-5, atol=1e-6)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-6)
+    assert torch.all(got[0][~keep] == 0)
+
+
+def test_a_mask_that_keeps_nothing_gives_zero_not_nan() -> None:
+    h = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(5, 3, requires_grad=True)
+    loss = linear_cross_entropy(h, w, torch.zeros(4, dtype=torch.long), mask=torch.zeros(4, dtype=torch.bool))
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and torch.all(h.grad == 0) and torch.all(w.grad == 0)
+
+
+def test_a_mask_of_another_shape_is_refused() -> None:
+    with pytest.raises(ValueError, match="mask has shape"):
+        linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long),
+                             mask=torch.ones(3, dtype=torch.bool))

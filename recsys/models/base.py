@@ -30,6 +30,9 @@ class Batch:
     target_times: torch.Tensor | None = None  # (B, L) long
     # Evaluation / serving: the time of the event being predicted.
     next_time: torch.Tensor | None = None  # (B,) long
+    # Training at a fixed shape (`train.cuda_graph`): the loss covers every position with padding masked
+    # out, instead of selecting the positions that hold targets (a data-dependent shape the host waits for).
+    fixed_shape: bool = False
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {
@@ -63,6 +66,11 @@ class SequentialModel(nn.Module):
 
     def score(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
+
+    def fixed_shape_refusal(self) -> str | None:
+        """Why this model's `loss` cannot take a `fixed_shape` batch (`train.cuda_graph`), or None when it
+        can: its loss then has no data-dependent shape and never waits for the device."""
+        return f"{self.name}'s loss selects its target positions by value (a data-dependent shape)"
 
     def loss_terms(self, lengths: np.ndarray) -> np.ndarray:
         """How many terms `loss` averages over for training spans of `lengths` events (in expectation where

@@ -9,6 +9,8 @@ backward, and no zero-filled gradient of it is allocated — on a CPU, where thi
 is most of the cost (see benchmarks/RESULTS.md).
 
 `extra` is an optional per-row additive table (MOJITO's long-term self-term): row n adds `table[index[n]]`.
+`mask` (optional, (N,) bool) keeps only its rows in the mean: a fixed-shape batch (every position of every
+row, padding included: `train.cuda_graph`) then has no data-dependent shape and nothing to wait for.
 
 Under CUDA autocast the products run in the autocast dtype and the softmax in float32, as autograd would.
 """
@@ -41,10 +43,11 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, bias, table, index, y):
+    def forward(ctx, h, weight, bias, table, index, y, mask):
         n, classes = h.shape[0], weight.shape[0]
         if n == 0:
             raise ValueError("linear_cross_entropy needs at least one row")
+        keep = None if mask is None else mask.to(torch.float32)  # (N,) 1 = a term of the mean, 0 = left out
         work = _compute_dtype(h)
         with torch.autocast(device_type=h.device.type, enabled=False):
             hw, ww = h.to(work), weight.to(work)
@@ -58,6 +61,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             step = max(1, chunk_elements(h.device) // max(classes, 1))
             for s in range(0, n, step):
                 hc, yc = hw[s : s + step], y[s : s + step]
+                kc = None if keep is None else keep[s : s + step]
                 p = (hc @ ww.T).float()  # (c, I) logits
                 if bias is not None:
                     p += bias_f
@@ -65,12 +69,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     p += table_f.index_select(0, index[s : s + step])
                 rows = torch.arange(p.shape[0], device=p.device)
                 lse = torch.logsumexp(p, dim=1)
-                total += (lse - p[rows, yc]).sum()
+                terms = lse - p[rows, yc]
+                total += terms.sum() if kc is None else (terms * kc).sum()
                 p.sub_(lse[:, None]).exp_()  # softmax, in place
                 p[rows, yc] -= 1.0  # d(loss)/d(logits), before the 1/n
+                if kc is not None and (grad_b is not None or grad_t is not None):
+                    p.mul_(kc[:, None])  # masked rows add nothing (else the (c, D) sides carry the mask)
                 pw = p.to(work)  # a no-op in float32; one cast per chunk under autocast
-                grad_h[s : s + step] = (pw @ ww).float()
-                grad_w += (pw.T @ hc).float()
+                gh = (pw @ ww).float()
+                grad_h[s : s + step] = gh if kc is None else gh * kc[:, None]
+                grad_w += (pw.T @ (hc if kc is None else hc * kc[:, None].to(work))).float()
                 if grad_b is not None:
                     grad_b += p.sum(0)
                 if grad_t is not None:
@@ -78,8 +86,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(grad_h, grad_w, grad_b, grad_t)
         ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype,
                       None if table is None else table.dtype)
-        ctx.n = n
-        return total / n
+        # The mean's count: a tensor under a mask (read on the device, never waited for), at least 1.
+        ctx.n = n if keep is None else keep.sum().clamp_min(1.0)
+        return total / ctx.n
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -87,7 +96,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grads = []
         for g, dtype in zip(ctx.saved_tensors, ctx.dtypes):
             grads.append(None if g is None else (g * scale).to(dtype))
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
 
 def linear_cross_entropy(
@@ -97,13 +106,17 @@ def linear_cross_entropy(
     bias: torch.Tensor | None = None,
     table: torch.Tensor | None = None,
     index: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of logits `h @ weight.T (+ bias) (+ table[index])` against class ids `y`.
 
-    h (N, D), weight (C, D), y (N,) long in [0, C), bias (C,), table (G, C) with index (N,) long in [0, G).
+    h (N, D), weight (C, D), y (N,) long in [0, C), bias (C,), table (G, C) with index (N,) long in [0, G);
+    mask (N,) bool: the mean over its rows only (0 when it keeps none), the others' `y` any valid class.
     """
     if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1]:
         raise ValueError(f"shapes do not match: h {tuple(h.shape)}, weight {tuple(weight.shape)}")
     if (table is None) != (index is None):
         raise ValueError("table and index go together")
-    return _LinearCrossEntropy.apply(h, weight, bias, table, index, y)
+    if mask is not None and mask.shape != y.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, not y's {tuple(y.shape)}")
+    return _LinearCrossEntropy.apply(h, weight, bias, table, index, y, mask)

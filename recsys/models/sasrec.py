@@ -99,8 +99,13 @@ class SASRec(SequentialModel):
         hidden = self(batch, table=emb)  # (B, L, D)
         targets = batch.targets[:, -self.config.max_len :]
         keep = targets > 0
-        h, y = hidden[keep], targets[keep]  # (N, D), (N,)
         cfg = self.config
+        if batch.fixed_shape:  # every position, padding masked: no shape depends on the data
+            if cfg.loss != "ce":
+                raise ValueError(self.fixed_shape_refusal())
+            return linear_cross_entropy(hidden.flatten(0, 1), emb[1:], (targets - 1).clamp_min(0).flatten(),
+                                        mask=keep.flatten())
+        h, y = hidden[keep], targets[keep]  # (N, D), (N,)
         if cfg.loss == "ce":  # full softmax over the real items (padding column left out)
             return linear_cross_entropy(h, emb[1:], y - 1)
         if cfg.loss == "bce":
@@ -113,6 +118,11 @@ class SASRec(SequentialModel):
         neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)
         logits = sampled_logits(h, emb, y, neg)
         return F.cross_entropy(logits.float(), torch.zeros_like(y))
+
+    def fixed_shape_refusal(self) -> str | None:
+        if self.config.loss != "ce":
+            return f"sasrec's {self.config.loss!r} loss samples negatives per target position; use loss ce"
+        return None
 
     def sequence_scores(self, batch: Batch) -> torch.Tensor:
         """(B, L, I + 1) scores of every item after every position (tests, analysis); column 0 = -inf."""

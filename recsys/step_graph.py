@@ -1,0 +1,122 @@
+"""A training step at one fixed shape, captured once as a CUDA graph and replayed (`train.cuda_graph`).
+
+Why: on a GPU the eager step is bound by the host. A SASRec step on ml-1m-half runs ~750–1,300 operators
+for about a millisecond of arithmetic, and an H200 took ~12.5 ms for it at batch 128 (benchmarks/RESULTS.md).
+Replaying a graph costs one launch however many kernels it holds.
+
+What it takes: every shape fixed, and nothing that waits for the device.
+- Every step has `batch_size` rows at the full input width. A short last batch is padded with copies of its
+  first row whose targets are masked out.
+- The model's loss covers every position, with padding masked (`Batch.fixed_shape`); it never selects
+  positions by value.
+- Gradient clipping and Adam (fused, `capturable`) run on the device.
+- The learning rate is baked into the graph. A step at another rate (warm-up, decay) runs eagerly; the step
+  after a rate change recaptures.
+
+The step gives the update the eager step would on the same rows: one batch and one mean over its real
+targets (tests/test_step_graph.py). It does not give the eager step's micro-batches, so on a CPU it costs a
+full-width batch; there it runs without a graph (the same code, so the CPU tests cover it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from recsys.sequences import TrainingTensors
+
+log = logging.getLogger(__name__)
+
+# Eager steps before the first capture: lazy library set-up (cuBLAS handles and workspaces, the allocator's
+# pools) must happen outside the capture (PyTorch's CUDA graph notes).
+EAGER_BEFORE_CAPTURE = 3
+
+
+class FixedShapeStep:
+    """`step(rows) -> loss`: one optimiser step on the spans `rows` (a 1-D long tensor on the device, at most
+    `batch_size` of them). Returns the step's mean loss on the device; it stays valid until the next call."""
+
+    def __init__(self, model, optimizer: torch.optim.Optimizer, tensors: TrainingTensors, batch_size: int,
+                 *, grad_clip: float = 0.0, device: torch.device):
+        self.model, self.optimizer, self.tensors = model, optimizer, tensors
+        self.grad_clip, self.device = grad_clip, device
+        self.width = int(tensors.items.shape[1]) - 1  # input positions: the longest span's, minus its target
+        self.rows = torch.zeros(batch_size, dtype=torch.long, device=device)  # static inputs of the graph
+        self.real = torch.ones(batch_size, dtype=torch.bool, device=device)  # False: a padding row
+        self.padded = 0  # rows of the last call that were padding (host-side count of the buffers' state)
+        self.loss = torch.zeros((), device=device)
+        self.graphed = device.type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_lr: float | None = None
+        self.eager_steps = 0
+        self.last_lr: float | None = None
+        self.captures = 0  # graphs captured (a rate change recaptures)
+        self.stream = torch.cuda.Stream(device) if self.graphed else None
+
+    def _fill(self, rows: torch.Tensor) -> None:
+        n, size = rows.shape[0], self.rows.shape[0]
+        if not 0 < n <= size:
+            raise ValueError(f"a fixed-shape step takes 1 to {size} rows, got {n}")
+        self.rows[:n].copy_(rows, non_blocking=True)
+        if n < size:  # a short batch: padding rows repeat its first row and are masked out of the loss
+            self.rows[n:].copy_(rows[:1].expand(size - n), non_blocking=True)
+        if n < size or self.padded:
+            self.real.fill_(True)
+            self.real[n:].fill_(False)
+        self.padded = size - n
+
+    def _step(self) -> None:
+        """The step itself, reading only the static buffers: run eagerly, or recorded by a capture."""
+        model, optimizer, device = self.model, self.optimizer, self.device
+        batch = self.tensors.batch(self.rows, self.width)
+        batch = replace(batch, targets=batch.targets * self.real[:, None], fixed_shape=True)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
+                            cache_enabled=False):  # no autocast cache across a capture (PyTorch's notes)
+            loss = model.loss(batch)
+        loss.backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+        optimizer.step()
+        self.loss.copy_(loss.detach())
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        self._fill(rows)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if not self.graphed:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step()
+            return self.loss
+        if self.graph is not None and lr != self.graph_lr:
+            self.graph = None  # the rate changed (warm-up, decay): eager until it holds still, then recapture
+        stable = lr == self.last_lr
+        self.last_lr = lr
+        if self.graph is None and (self.eager_steps < EAGER_BEFORE_CAPTURE or not stable):
+            self._eager()
+            return self.loss
+        if self.graph is None:
+            self._capture(lr)
+        self.graph.replay()
+        return self.loss
+
+    def _eager(self) -> None:
+        """An eager step on the side stream a capture uses (its lazy set-up then happens there)."""
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._step()
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.eager_steps += 1
+
+    def _capture(self, lr: float) -> None:
+        # Gradients set to None before capture: backward then allocates them from the graph's private pool,
+        # and each replay writes them afresh (PyTorch's whole-network capture recipe).
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self.stream):
+            self._step()
+        self.graph, self.graph_lr = graph, lr
+        self.captures += 1
+        log.info("cuda_graph: captured the training step (batch %d, width %d, lr %.3g; capture %d)",
+                 self.rows.shape[0], self.width, lr, self.captures)

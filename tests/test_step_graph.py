@@ -1,0 +1,109 @@
+"""The fixed-shape training step (`train.cuda_graph`, recsys/step_graph.py), on the CPU: the same code a CUDA
+graph captures, run eagerly. It must take the step the eager trainer takes on the same rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from recsys.config import ConfigError
+from recsys.model_configs import MODEL_CONFIGS
+from recsys.models import build_model
+from recsys.sequences import SequenceData, TrainingTensors, random_batch_rows
+from recsys.step_graph import FixedShapeStep
+from recsys.train import optimiser_step, train_model
+
+
+def _setup(tiny_prepared, batch_size: int):
+    config = MODEL_CONFIGS["sasrec"](dim=16, n_heads=2, n_layers=2, dropout=0.0, max_len=8, loss="ce")
+    data = SequenceData.from_prepared(tiny_prepared)
+    tensors = TrainingTensors(data, data.train_spans(8, "all"))
+    plan = random_batch_rows(tensors.lengths, batch_size, torch.Generator().manual_seed(0))
+    return config, data, tensors, plan
+
+
+def _model(config, data):
+    """SGD, not Adam: Adam turns the float noise of a gradient that is zero in exact arithmetic (the key
+    projection's bias: softmax ignores it) into full-size steps, so two exact twins would part there."""
+    torch.manual_seed(0)
+    model = build_model("sasrec", config, data.n_items, data.n_users)
+    model.train()
+    return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
+def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared, grad_clip):
+    """Three steps, the last one a short batch (padded to the fixed size): the weights after each equal
+    the eager trainer's, which cuts every batch to its own width and selects the target positions."""
+    config, data, tensors, plan = _setup(tiny_prepared, 24)
+    steps = [plan[0], plan[1], plan[2][:5]]  # the last one short: 19 padding rows
+    assert len(set(tensors.lengths[plan[0]])) > 3  # mixed lengths: the eager widths differ from the fixed one
+    eager, eager_opt = _model(config, data)
+    fixed_model, fixed_opt = _model(config, data)
+    step = FixedShapeStep(fixed_model, fixed_opt, tensors, 24, grad_clip=grad_clip, device=torch.device("cpu"))
+    assert not step.graphed and step.width == tensors.items.shape[1] - 1
+    for rows in steps:
+        batch_rows = torch.from_numpy(rows)
+        width = int(tensors.lengths[rows].max()) - 1
+        want = optimiser_step(eager, eager.loss, eager_opt, tensors, batch_rows, [(0, len(rows), width, 1.0)],
+                              grad_clip=grad_clip)
+        got = step(batch_rows)
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
+        for (name, a), b in zip(eager.state_dict().items(), fixed_model.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+    assert step.padded == 19 and int(step.real.sum()) == 5
+
+
+def test_a_full_batch_after_a_short_one_counts_every_row_again(tiny_prepared):
+    config, data, tensors, plan = _setup(tiny_prepared, 24)
+    model, opt = _model(config, data)
+    step = FixedShapeStep(model, opt, tensors, 24, device=torch.device("cpu"))
+    step(torch.from_numpy(plan[0][:3]))
+    step(torch.from_numpy(plan[1]))
+    assert step.padded == 0 and bool(step.real.all())
+
+
+def test_more_rows_than_the_fixed_size_are_refused(tiny_prepared):
+    config, data, tensors, plan = _setup(tiny_prepared, 24)
+    model, opt = _model(config, data)
+    step = FixedShapeStep(model, opt, tensors, 8, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="1 to 8 rows, got 24"):
+        step(torch.from_numpy(plan[0]))
+
+
+def test_the_trainer_with_cuda_graph_learns_what_it_learns_without(tiny_prepared, tiny_sasrec_config,
+                                                                   fast_train_config, tmp_path, caplog):
+    """Through the whole trainer (batch plans, warm-up, epoch loss, validation): `cuda_graph` on a CPU runs
+    the fixed-shape step eagerly and gives the curve of the eager trainer with whole batches."""
+    model_config = dataclasses.replace(tiny_sasrec_config, dropout=0.0)
+    cfg = dataclasses.replace(fast_train_config, epochs=3, batching="random", warmup_steps=3, micro_batches=1)
+    curves = {}
+    for graph in (False, True):
+        with caplog.at_level(logging.INFO, logger="recsys.train"):
+            result = train_model("sasrec", model_config, dataclasses.replace(cfg, cuda_graph=graph), tiny_prepared,
+                                 tmp_path / str(graph) / "model", resume_root=tmp_path / str(graph) / "resume")
+        curves[graph] = result
+    assert "the fixed-shape step runs eagerly" in caplog.text
+    a, b = curves[False], curves[True]
+    assert a.epochs_run == b.epochs_run == 3
+    assert b.best_valid["ndcg@10"] == pytest.approx(a.best_valid["ndcg@10"], abs=1e-4)
+    assert b.best_epoch == a.best_epoch
+
+
+@pytest.mark.parametrize("name,overrides,train,why", [
+    ("bert4rec", {}, {}, "selects its target positions by value"),
+    ("mojito", {}, {}, "selects its target positions by value"),
+    ("sasrec", {"loss": "bce"}, {}, "samples negatives"),
+    ("sasrec", {}, {"micro_batches": 4}, "train.micro_batches is 4"),
+])
+def test_cuda_graph_is_refused_where_the_step_cannot_be_fixed(tiny_prepared, fast_train_config, tmp_path, name,
+                                                              overrides, train, why):
+    config = MODEL_CONFIGS[name](dim=16, n_heads=1, n_layers=1, max_len=8, **overrides)
+    cfg = dataclasses.replace(fast_train_config, cuda_graph=True, **train)
+    with pytest.raises(ConfigError, match=why) as err:
+        train_model(name, config, cfg, tiny_prepared, tmp_path / "model", resume_root=tmp_path / "resume")
+    assert "set train.cuda_graph: false" in str(err.value)
+    assert not (tmp_path / "model").exists()
