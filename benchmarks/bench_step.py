@@ -116,6 +116,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
         "batches": len(batches),
         "batch_size": train_config.batch_size,
         "loss_chunk_elements": losses.chunk_elements(device),
+        "scoring_batch_size": inputs.batches[0].targets.shape[0] if inputs.batches else 0,
         "cuda_graph": bool(fixed is not None and fixed.graphed),
         "fixed_shape": cuda_graph,
     }

@@ -260,6 +260,8 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
                    if r.get("loss_chunk_elements") else "")
         if r.get("fixed_shape"):
             setting += ", CUDA graph" if r.get("cuda_graph") else ", fixed shape, no graph"
+        if r.get("scoring_batch_size"):
+            setting += f", scoring batch {r['scoring_batch_size']}"
         lines.append(f"| {r['dataset']} {r['model']}: all-users scoring ≤ {SCORING_S} s "
                      f"({r['commit']}{setting}) "
                      f"| {seconds:.3f} s (first call {r.get('first_validation_seconds', '—')} s); training "

@@ -90,10 +90,10 @@ case "$phase" in
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
     # telling first, each piece bounded so that a slow one cannot starve the rest:
-    #   0. train.cuda_graph (session 17, never yet run on a GPU): SASRec's step rows at batch 128 and 1024
-    #      with the captured step; the SASRec defaults with it, seed 42 (time to best against the eager
-    #      56–77 s, quality against 0.1873); the 10-s budget with it at batch 128, 512 and 1024. Each piece
-    #      says so and goes on if the capture fails;
+    #   0. train.cuda_graph (session 17, never yet run on a GPU): SASRec's and MOJITO's step rows at batch 128
+    #      and 1024 with the captured step (scoring at the automatic CUDA batch); the SASRec defaults with it,
+    #      seed 42 (time to best against the eager 56–77 s, quality against 0.1873); the 10-s budget with it at
+    #      batch 128, 512 and 1024. Each piece says so and goes on if the capture fails;
     #   1. step and scoring rows of the three models (CUDA's 64M-logit loss chunk since session 16), then
     #      SASRec's step at batch 128 with 4M chunks (the CPU's size, CUDA's until session 16) and at batch
     #      1024 with 4M, 16M, 64M and 256M: does the launch-bound step (session 16: ~12.5 ms at batch 128,
@@ -123,7 +123,7 @@ PY
     big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
     if [[ "${QUICK_GRAPH:-1}" == 1 ]]; then
       for batch in 128 1024; do
-        timeout --signal=INT -k 10 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" --cuda-graph \
+        timeout --signal=INT -k 10 90 "$PYTHON" "${step[@]}" --models sasrec mojito --batch-size "$batch" --cuda-graph \
           || echo "gpu_session: graphed step at batch $batch failed" >&2
       done
       back

@@ -65,7 +65,9 @@ class TrainConfig:
     # so far is kept, so the run stays honest, just shorter.
     max_minutes: float = 0.0
     grad_clip: float = 5.0
-    eval_batch_size: int = 512
+    # Validation targets per scoring batch; 0 = auto: 512 on a CPU, on CUDA as many as fit 2^28 elements of
+    # the model's score table (recsys.ranking.scoring_batch_size).
+    eval_batch_size: int = 0
     progress: Literal["auto", "on", "off"] = "auto"
     # Learning rate × lr_decay after lr_decay_patience epochs without a new best validation NDCG@10
     # (1.0 = constant learning rate). Early stopping still counts from the last improvement.
@@ -107,8 +109,8 @@ class TrainConfig:
     warm_keep: float = 1.0
     # Train at one fixed shape (full-width batches of batch_size rows, padding masked in the loss) and, on
     # CUDA, capture the step once as a CUDA graph and replay it: the step no longer waits for the host
-    # (recsys/step_graph.py). SASRec with loss ce only; one process; micro_batches 0 or 1. On a CPU the same
-    # step runs eagerly, at full width (slower than micro-batches there).
+    # (recsys/step_graph.py). Models with loss ce; one process; micro_batches 0 or 1. On a CPU the same step
+    # runs eagerly, at full width (slower than micro-batches there).
     cuda_graph: bool = False
 
     @property
@@ -121,7 +123,7 @@ class TrainConfig:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
-        for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches"):
+        for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.warm_cold_every < 0:
@@ -141,10 +143,15 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvaluateConfig:
     ks: tuple[int, ...] = (5, 10, 20)
-    batch_size: int = 512
+    batch_size: int = 0  # targets per scoring batch; 0 = auto, as train.eval_batch_size
     # Sampled metrics are a labelled extra for comparison with papers; 0 disables them.
     sampled_negatives: int = 0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 0 or self.sampled_negatives < 0:
+            raise ValueError(f"evaluate.batch_size and evaluate.sampled_negatives must be >= 0, got "
+                             f"{self.batch_size} and {self.sampled_negatives}")
 
 
 @dataclass(frozen=True)

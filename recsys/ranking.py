@@ -18,6 +18,24 @@ def model_max_len(model: SequentialModel) -> int:
     return int(getattr(getattr(model, "config", None), "max_len", 1) or 1)
 
 
+# Scoring batch size 0 (auto, `train.eval_batch_size` / `evaluate.batch_size`): on a CPU, 512 targets a batch;
+# on CUDA, as many as keep the model's largest per-batch score table within this many elements (1 GiB of
+# float32). Each batch costs the GPU its operators' launches whatever its size — MOJITO scores a batch with
+# ~450 kernels, so on ml-1m-half 512-row batches (6 of them) took an H200 0.073 s (benchmarks/RESULTS.md) —
+# while a CPU, memory-bound, scores MOJITO's 512-row batches 1.7 × faster than 4,096-row ones.
+SCORING_ROWS_CPU = 512
+SCORING_ELEMENTS_CUDA = 1 << 28
+
+
+def scoring_batch_size(setting: int, model: SequentialModel, device: torch.device | str) -> int:
+    """Targets per scoring batch: `setting` when positive, else the device's automatic size (above)."""
+    if setting > 0:
+        return setting
+    if torch.device(device).type != "cuda":
+        return SCORING_ROWS_CPU
+    return max(1, SCORING_ELEMENTS_CUDA // model.scoring_elements_per_row())
+
+
 class RankingInputs:
     """Every target of a split with its model input and seen items, cut into batches once and kept on the
     scoring device, so scoring a split again (validation after every epoch) builds nothing on the host and
@@ -89,7 +107,9 @@ def rank_targets(
     sampled_negatives: int = 0,
     seed: int = 0,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
-    """(users, full-ranking ranks, sampled ranks or None) for every target of `split`; ranks on the CPU."""
+    """(users, full-ranking ranks, sampled ranks or None) for every target of `split`; ranks on the CPU.
+    `batch_size` 0: `scoring_batch_size`'s automatic size."""
+    batch_size = scoring_batch_size(batch_size, model, device)
     inputs = RankingInputs(data, split, model_max_len(model), batch_size=batch_size, device=device,
                            item_map=item_map, user_map=user_map)
     if not sampled_negatives:

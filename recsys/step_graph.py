@@ -5,10 +5,12 @@ for about a millisecond of arithmetic, and an H200 took ~12.5 ms for it at batch
 Replaying a graph costs one launch however many kernels it holds.
 
 What it takes: every shape fixed, and nothing that waits for the device.
-- Every step has `batch_size` rows at the full input width. A short last batch is padded with copies of its
-  first row whose targets are masked out.
-- The model's loss covers every position, with padding masked (`Batch.fixed_shape`); it never selects
-  positions by value.
+- Every step has `batch_size` rows at the full input width. A short last batch is padded with rows of
+  padding only (no input, no target).
+- The model's loss covers every position, the ones without a target masked (`Batch.fixed_shape`); it never
+  selects positions by value. SASRec, MOJITO and BERT4Rec do this with loss ce (BERT4Rec then computes the
+  softmax at every position, not only its masked ones: more arithmetic, on a GPU cheaper than the launches).
+  MOJITO's time encoder uses fixed-size tables off the CPU (recsys/models/mojito.py).
 - Gradient clipping and Adam (fused, `capturable`) run on the device.
 - The learning rate is baked into the graph. A step at another rate (warm-up, decay) runs eagerly; the step
   after a rate change recaptures.
@@ -60,7 +62,7 @@ class FixedShapeStep:
         if not 0 < n <= size:
             raise ValueError(f"a fixed-shape step takes 1 to {size} rows, got {n}")
         self.rows[:n].copy_(rows, non_blocking=True)
-        if n < size:  # a short batch: padding rows repeat its first row and are masked out of the loss
+        if n < size:  # a short batch: the padding slots repeat its first row, emptied in `_step`
             self.rows[n:].copy_(rows[:1].expand(size - n), non_blocking=True)
         if n < size or self.padded:
             self.real.fill_(True)
@@ -71,7 +73,8 @@ class FixedShapeStep:
         """The step itself, reading only the static buffers: run eagerly, or recorded by a capture."""
         model, optimizer, device = self.model, self.optimizer, self.device
         batch = self.tensors.batch(self.rows, self.width)
-        batch = replace(batch, targets=batch.targets * self.real[:, None], fixed_shape=True)
+        real = self.real[:, None]  # a padding row becomes all padding: no input, no target, no masked position
+        batch = replace(batch, items=batch.items * real, targets=batch.targets * real, fixed_shape=True)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
                             cache_enabled=False):  # no autocast cache across a capture (PyTorch's notes)
             loss = model.loss(batch)

@@ -37,7 +37,7 @@ from recsys.layout import RESUME, Layout, prune_resume_state, resume_dir
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
-from recsys.ranking import RankingInputs, summarise
+from recsys.ranking import RankingInputs, scoring_batch_size, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.step_graph import FixedShapeStep
 from recsys.warm import start as initialise
@@ -143,8 +143,8 @@ def validate(model, inputs: RankingInputs) -> dict[str, float]:
 
 
 def validation_inputs(model, data: SequenceData, config: TrainConfig, device) -> RankingInputs:
-    return RankingInputs(data, "valid", int(getattr(model.config, "max_len", 1)), batch_size=config.eval_batch_size,
-                         device=device)
+    return RankingInputs(data, "valid", int(getattr(model.config, "max_len", 1)), device=device,
+                         batch_size=scoring_batch_size(config.eval_batch_size, model, device))
 
 
 def optimiser_step(model, loss_fn, optimizer, tensors: TrainingTensors, rows: torch.Tensor, micro: list,

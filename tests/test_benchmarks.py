@@ -150,6 +150,10 @@ def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_
     rows = json.loads(results.read_text())
     assert [(r["batch_size"], r["fixed_shape"]) for r in rows] == [(4, False), (8, False), (8, True)]
     assert rows[-1]["cuda_graph"] is False and rows[-1]["train_sequences_per_second"] > 0  # no graph on a CPU
+    from recsys.sequences import SequenceData
+
+    targets = len(SequenceData.from_prepared(tiny_prepared).eval_targets("valid"))
+    assert rows[-1]["scoring_batch_size"] == min(512, targets)  # params.yaml's eval_batch_size 0: 512 on a CPU
     monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--loss-chunk-elements", "-1"])
     with pytest.raises(SystemExit):
         bench_step.main()

@@ -207,3 +207,30 @@ def test_vocabulary_change_with_a_neural_model(trained_sasrec, vocabulary_change
             assert rank <= 1 + len(known_candidates)
     assert n_unknown >= 4
     assert all(0.0 <= result.metrics[k] <= 1.0 for k in METRIC_KEYS)
+
+
+def test_the_automatic_scoring_batch_is_512_on_a_cpu_and_sized_by_the_score_table_on_cuda():
+    """`eval_batch_size` / `evaluate.batch_size` 0: a CPU scores 512 targets a batch; CUDA as many as keep the
+    model's per-batch score table within 2^28 elements — MOJITO's table is (1 + F) rows of scores per
+    target, so it gets (1 + F) × fewer; a setting > 0 is taken as it is."""
+    from recsys.model_configs import MODEL_CONFIGS
+    from recsys.models import build_model
+    from recsys.ranking import SCORING_ELEMENTS_CUDA, scoring_batch_size
+
+    sasrec = build_model("sasrec", MODEL_CONFIGS["sasrec"](max_len=50), n_items=3266, n_users=10)
+    mojito = build_model("mojito", MODEL_CONFIGS["mojito"](max_len=50, fism_items=20), n_items=3266, n_users=10)
+    assert scoring_batch_size(0, sasrec, "cpu") == scoring_batch_size(0, mojito, "cpu") == 512
+    assert scoring_batch_size(0, sasrec, "cuda") == SCORING_ELEMENTS_CUDA // 3267 == 82_165
+    assert scoring_batch_size(0, mojito, "cuda") == SCORING_ELEMENTS_CUDA // (21 * 3267) == 3_912
+    assert scoring_batch_size(64, mojito, "cuda") == 64
+    with pytest.raises(ValueError, match="evaluate.batch_size"):
+        EvaluateConfig(batch_size=-1)
+
+
+def test_scores_do_not_depend_on_the_scoring_batch(trained_sasrec, tiny_prepared):
+    from recsys.checkpoint import load_model
+
+    model = load_model(trained_sasrec[1])[0]
+    ranks = [evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(batch_size=b)).per_user["rank"]
+             for b in (0, 7)]
+    assert ranks[0].tolist() == ranks[1].tolist()

@@ -17,32 +17,41 @@ from recsys.step_graph import FixedShapeStep
 from recsys.train import optimiser_step, train_model
 
 
-def _setup(tiny_prepared, batch_size: int):
-    config = MODEL_CONFIGS["sasrec"](dim=16, n_heads=2, n_layers=2, dropout=0.0, max_len=8, loss="ce")
+# Nothing drawn at random: no dropout, no MOJITO attention noise, and its FISM sample is every history item
+# while fism_items >= max_len (as in tests/test_train.py's micro-batch test).
+# BERT4Rec masks every position.
+NOTHING_DRAWN = {"sasrec": {}, "mojito": {"noise_init": 0.0, "fism_items": 20},
+                 "bert4rec": {"mask_prob": 1.0, "last_item_share": 0.0}}
+
+
+def _setup(tiny_prepared, batch_size: int, name: str = "sasrec"):
+    config = MODEL_CONFIGS[name](dim=16, n_heads=2, n_layers=2, dropout=0.0, max_len=8, loss="ce",
+                                 **NOTHING_DRAWN[name])
     data = SequenceData.from_prepared(tiny_prepared)
     tensors = TrainingTensors(data, data.train_spans(8, "all"))
     plan = random_batch_rows(tensors.lengths, batch_size, torch.Generator().manual_seed(0))
     return config, data, tensors, plan
 
 
-def _model(config, data):
+def _model(config, data, name: str = "sasrec"):
     """SGD, not Adam: Adam turns the float noise of a gradient that is zero in exact arithmetic (the key
     projection's bias: softmax ignores it) into full-size steps, so two exact twins would part there."""
     torch.manual_seed(0)
-    model = build_model("sasrec", config, data.n_items, data.n_users)
+    model = build_model(name, config, data.n_items, data.n_users)
+    model.fit_statistics(data.train_items())
     model.train()
     return model, torch.optim.SGD(model.parameters(), lr=0.5)
 
 
-@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
-def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared, grad_clip):
+@pytest.mark.parametrize("name,grad_clip", [("sasrec", 0.0), ("sasrec", 0.5), ("mojito", 0.0), ("bert4rec", 0.0)])
+def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared, name, grad_clip):
     """Three steps, the last one a short batch (padded to the fixed size): the weights after each equal
     the eager trainer's, which cuts every batch to its own width and selects the target positions."""
-    config, data, tensors, plan = _setup(tiny_prepared, 24)
+    config, data, tensors, plan = _setup(tiny_prepared, 24, name)
     steps = [plan[0], plan[1], plan[2][:5]]  # the last one short: 19 padding rows
     assert len(set(tensors.lengths[plan[0]])) > 3  # mixed lengths: the eager widths differ from the fixed one
-    eager, eager_opt = _model(config, data)
-    fixed_model, fixed_opt = _model(config, data)
+    eager, eager_opt = _model(config, data, name)
+    fixed_model, fixed_opt = _model(config, data, name)
     step = FixedShapeStep(fixed_model, fixed_opt, tensors, 24, grad_clip=grad_clip, device=torch.device("cpu"))
     assert not step.graphed and step.width == tensors.items.shape[1] - 1
     for rows in steps:
@@ -94,8 +103,8 @@ def test_the_trainer_with_cuda_graph_learns_what_it_learns_without(tiny_prepared
 
 
 @pytest.mark.parametrize("name,overrides,train,why", [
-    ("bert4rec", {}, {}, "selects its target positions by value"),
-    ("mojito", {}, {}, "selects its target positions by value"),
+    ("bert4rec", {"loss": "sampled_ce"}, {}, "samples negatives"),
+    ("mojito", {"loss": "bce"}, {}, "samples negatives"),
     ("sasrec", {"loss": "bce"}, {}, "samples negatives"),
     ("sasrec", {}, {"micro_batches": 4}, "train.micro_batches is 4"),
 ])

@@ -75,3 +75,48 @@ def test_shape_order_and_rebasing():
     assert f[0, 0].tolist() == [1, 4, 25, 2, 116, 17, 23]
     assert f[1, 0].tolist() == [4, 2, 28, 5, 59, 9, 0]
     assert f[1, 1, 0].item() == 2
+
+
+@pytest.mark.parametrize("method", ["table", "unique"])
+def test_the_time_encoders_lookups_equal_the_direct_encoding_in_values_and_gradients(method):
+    """MOJITO's encoder encodes each value of a calendar feature once and gathers: `table` (CUDA: every value a
+    bounded feature can take — fixed shapes, no host sync; the unbounded year encoded directly) or `unique`
+    (CPU: the batch's distinct values). Both equal encoding every feature directly, in value and gradient;
+    negative years (before base_year) and padding (0) included."""
+    from recsys.models.mojito import MercerTimeEncoding
+    from recsys.models.time_features import FEATURE_MAX
+
+    torch.manual_seed(0)
+    looked_up = MercerTimeEncoding(7, 16, 3, 8.0, FEATURE_MAX)
+    looked_up.method = method
+    direct = MercerTimeEncoding(7, 16, 3, 8.0)  # no bounds: the table path encodes every feature directly
+    direct.method = "table"
+    direct.load_state_dict(looked_up.state_dict())
+    g = torch.Generator().manual_seed(1)
+    top = torch.tensor([10, 13, 32, 8, 367, 54, 24])
+    x = (torch.rand(5, 40, 7, generator=g) * top).floor() - torch.tensor([6, 0, 0, 0, 0, 0, 0])
+    x[:, :3] = 0  # padding
+    assert x[..., 0].min() < 0 and x[..., 4].max() == 366
+    outs = []
+    for enc in (looked_up, direct):
+        out = enc(x)
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        outs.append((out.detach(), [p.grad for p in enc.parameters()]))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(outs[0][1], outs[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_time_encoder_puts_a_tabled_feature_before_a_direct_one_back_in_place():
+    from recsys.models.mojito import MercerTimeEncoding
+
+    torch.manual_seed(0)
+    mixed = MercerTimeEncoding(3, 4, 2, 2.0, (5, None, 9))
+    mixed.method = "table"
+    direct = MercerTimeEncoding(3, 4, 2, 2.0)
+    direct.method = "table"
+    direct.load_state_dict(mixed.state_dict())
+    x = torch.tensor([[[0.0, -3.0, 9.0], [5.0, 40.0, 1.0]]])
+    torch.testing.assert_close(mixed(x), direct(x))
+    with pytest.raises(ValueError, match="bounds has 2 entries for 7 features"):
+        MercerTimeEncoding(7, 16, 3, 8.0, (None, 12))

@@ -67,6 +67,11 @@ class SequentialModel(nn.Module):
     def score(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
 
+    def scoring_elements_per_row(self) -> int:
+        """Elements of the largest table `score` builds per scored row (`recsys.ranking.scoring_batch_size`
+        sizes GPU scoring batches by it): the (I + 1) scores."""
+        return self.n_items + 1
+
     def fixed_shape_refusal(self) -> str | None:
         """Why this model's `loss` cannot take a `fixed_shape` batch (`train.cuda_graph`), or None when it
         can: its loss then has no data-dependent shape and never waits for the device."""

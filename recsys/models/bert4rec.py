@@ -120,9 +120,16 @@ class BERT4Rec(SequentialModel):
         seq = full_sequences(batch, self.config.max_len)  # (B, L)
         masked = self.cloze_mask(seq)
         inputs = seq.masked_fill(masked, self.mask_id)
+        cfg = self.config
+        if batch.fixed_shape:  # every position, the unmasked ones left out of the mean: no data-dependent shape
+            if cfg.loss != "ce":
+                raise ValueError(self.fixed_shape_refusal())
+            h = self.transform(self(inputs).flatten(0, 1))  # (B·L, D)
+            y = (seq - 1).clamp_min(0).flatten()
+            return linear_cross_entropy(h, self.item_emb.weight[1 : self.n_items + 1], y, bias=self.out_bias[1:],
+                                        mask=masked.flatten())
         hidden = self(inputs)[masked]  # (N, D)
         y = seq[masked]  # (N,)
-        cfg = self.config
         h = self.transform(hidden)  # (N, D)
         if cfg.loss == "ce":  # full softmax over the real items: the head, chunked (losses.py)
             weight = self.item_emb.weight[1 : self.n_items + 1]
@@ -134,6 +141,11 @@ class BERT4Rec(SequentialModel):
         negs = negs.masked_fill(neg[None, :] == y[:, None], float("-inf"))
         logits = torch.cat([pos, negs], dim=1)
         return F.cross_entropy(logits.float(), torch.zeros_like(y))
+
+    def fixed_shape_refusal(self) -> str | None:
+        if self.config.loss != "ce":
+            return f"bert4rec's {self.config.loss!r} loss samples negatives; use loss ce"
+        return None
 
     def append_mask(self, items: torch.Tensor) -> torch.Tensor:
         """Append [mask] after the newest item, dropping the oldest column when at max_len."""

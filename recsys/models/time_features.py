@@ -17,6 +17,9 @@ import torch
 SECONDS_PER_DAY = 86_400
 N_TIME_FEATURES = 7
 FEATURE_NAMES = ("year", "month", "day", "dayofweek", "dayofyear", "week", "hour")
+# The largest value of each feature (the year has none: it counts from `base_year`). Every feature is >= 0,
+# padding's included (callers zero it), so a bounded feature indexes a table of max + 1 encodings.
+FEATURE_MAX = (None, 12, 31, 7, 366, 53, 23)
 
 
 def _floordiv(a: torch.Tensor, b: int) -> torch.Tensor:
