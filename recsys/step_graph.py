@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import torch
 
+from recsys.config import ConfigError
 from recsys.sequences import TrainingTensors
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,13 @@ class FixedShapeStep:
         # and each replay writes them afresh (PyTorch's whole-network capture recipe).
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream):
-            self._step()
+        try:
+            with torch.cuda.graph(graph, stream=self.stream):
+                self._step()
+        except RuntimeError as err:  # an operator that waits for the device (this torch's, or a new model's)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"train.cuda_graph: the training step could not be captured as a CUDA graph "
+                              f"({first}); set train.cuda_graph: false") from err
         self.graph, self.graph_lr = graph, lr
         self.captures += 1
         log.info("cuda_graph: captured the training step (batch %d, width %d, lr %.3g; capture %d)",
