@@ -316,6 +316,7 @@ def train_model(
         state["sequences"] += len(spans)
         train_seconds = time.perf_counter() - epoch_start
         valid = validate(model, valid_inputs)
+        valid_seconds = time.perf_counter() - epoch_start - train_seconds
         now = time.perf_counter() - started + time_offset
         cpu_now = time.process_time() - cpu_started + cpu_offset  # this rank's
         valid, now = world.from_rank0((valid, now))  # every rank decides (improved, stop) from rank 0's
@@ -324,9 +325,10 @@ def train_model(
         row = {"epoch": epoch, "loss": epoch_loss, f"valid_{SELECTION_METRIC}": score,
                "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": optimizer.param_groups[0]["lr"]}
         curve_rows.append(row)
-        log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.1f "
-                 "seq_per_s=%.0f", epoch, model_name, row["loss"], score, valid["hr@10"],
-                 "yes" if improved else "no", train_seconds, len(spans) / max(train_seconds, 1e-9))
+        # train_s + valid_s against the curve's `seconds` steps: what an epoch spends saving and logging.
+        log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.3g "
+                 "valid_s=%.3g seq_per_s=%.0f", epoch, model_name, row["loss"], score, valid["hr@10"],
+                 "yes" if improved else "no", train_seconds, valid_seconds, len(spans) / max(train_seconds, 1e-9))
         if improved:
             state.update(best=score, best_epoch=epoch, best_valid=valid, bad_epochs=0, seconds_to_best=now,
                          cpu_seconds_to_best=cpu_now, since_decay=0)

@@ -107,7 +107,9 @@ class MercerTimeEncoding(nn.Module):
             columns = []
             for f in range(n_features):
                 values, inverse = torch.unique(flat[:, f], return_inverse=True)  # (U,), (N,)
-                columns.append(self._encode(values[:, None], [f], freq)[:, 0][inverse])  # (N, T)
+                angle = values[:, None, None] * freq[f, :, None] * self.harmonics  # (U, T, K)
+                enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (U, T, 2K)
+                columns.append(((enc * self.basis[f]).sum(-1) + self.bias[f])[inverse])  # (N, T)
             return torch.cat(columns, dim=-1).view(*x.shape[:-1], -1)  # (..., F * T)
         parts = []
         if self.direct:
