@@ -16,7 +16,6 @@ from recsys.sequences import SequenceData, TrainingTensors, random_batch_rows
 from recsys.step_graph import FixedShapeStep
 from recsys.train import optimiser_step, train_model
 
-
 # Nothing drawn at random: no dropout, no MOJITO attention noise, and its FISM sample is every history item
 # while fism_items >= max_len (as in tests/test_train.py's micro-batch test).
 # BERT4Rec masks every position.
@@ -61,8 +60,8 @@ def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared,
                               grad_clip=grad_clip)
         got = step(batch_rows)
         assert float(got) == pytest.approx(float(want), rel=1e-5)
-        for (name, a), b in zip(eager.state_dict().items(), fixed_model.state_dict().values()):
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+        for (key, a), b in zip(eager.state_dict().items(), fixed_model.state_dict().values()):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=key)
     assert step.padded == 19 and int(step.real.sum()) == 5
 
 

@@ -83,8 +83,7 @@ def test_the_time_encoders_lookups_equal_the_direct_encoding_in_values_and_gradi
     bounded feature can take — fixed shapes, no host sync; the unbounded year encoded directly) or `unique`
     (CPU: the batch's distinct values). Both equal encoding every feature directly, in value and gradient;
     negative years (before base_year) and padding (0) included."""
-    from recsys.models.mojito import MercerTimeEncoding
-    from recsys.models.time_features import FEATURE_MAX
+    from recsys.models.time_features import FEATURE_MAX, MercerTimeEncoding
 
     torch.manual_seed(0)
     looked_up = MercerTimeEncoding(7, 16, 3, 8.0, FEATURE_MAX)
@@ -108,7 +107,7 @@ def test_the_time_encoders_lookups_equal_the_direct_encoding_in_values_and_gradi
 
 
 def test_the_time_encoder_puts_a_tabled_feature_before_a_direct_one_back_in_place():
-    from recsys.models.mojito import MercerTimeEncoding
+    from recsys.models.time_features import MercerTimeEncoding
 
     torch.manual_seed(0)
     mixed = MercerTimeEncoding(3, 4, 2, 2.0, (5, None, 9))

@@ -1,4 +1,5 @@
-"""Calendar features of UTC timestamps, computed with integer tensor ops (MOJITO's seven time contexts).
+"""Calendar features of UTC timestamps, computed with integer tensor ops (MOJITO's seven time contexts), and
+their learnable periodic encoding (`MercerTimeEncoding`).
 
 MOJITO (Tran et al., SIGIR 2023) describes every event by year, month, day of month, day of week, day of
 year, ISO week and hour, all taken from the UTC timestamp (its reference code uses pandas' `dt.year`, ...,
@@ -13,6 +14,8 @@ with floor division so timestamps before 1970 are right too.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 SECONDS_PER_DAY = 86_400
 N_TIME_FEATURES = 7
@@ -74,3 +77,72 @@ def time_features(timestamps: torch.Tensor, base_year: int = 2000) -> torch.Tens
     week = torch.where(week < 1, _iso_weeks_in_year(year - 1), week)  # late December of the previous year
 
     return torch.stack([year - base_year + 1, month, day, dayofweek, dayofyear, week, hour], dim=-1)
+
+
+class MercerTimeEncoding(nn.Module):
+    """Learnable periodic encodings of F scalar features: (..., F) → (..., F * time_dim).
+
+    For each feature and each of `time_dim` output units: Σ_k [sin, cos](x·k/10^p)·w + b, k = 1..expand.
+    `bounds[f]`: feature f's largest value when its values are the integers 0..bound (calendar features),
+    None when unbounded (the year).
+    """
+
+    def __init__(self, n_features: int, time_dim: int, expand: int, linspace: float,
+                 bounds: tuple[int | None, ...] | None = None):
+        super().__init__()
+        bounds = tuple(bounds) if bounds is not None else (None,) * n_features
+        if len(bounds) != n_features:
+            raise ValueError(f"bounds has {len(bounds)} entries for {n_features} features")
+        init = torch.linspace(0.0, linspace, time_dim).expand(n_features, time_dim)
+        self.log_period = nn.Parameter(init.clone())  # (F, T)
+        self.basis = nn.Parameter(torch.empty(n_features, time_dim, 2 * expand))  # (F, T, 2K)
+        self.bias = nn.Parameter(torch.zeros(n_features, time_dim))  # (F, T)
+        nn.init.xavier_uniform_(self.basis.view(-1, 2 * expand))
+        self.register_buffer("harmonics", torch.arange(1, expand + 1, dtype=torch.float32), persistent=False)
+        self.bounded = [f for f, b in enumerate(bounds) if b is not None]
+        self.direct = [f for f, b in enumerate(bounds) if b is None]
+        size = max((b for b in bounds if b is not None), default=0) + 1
+        # Row offsets of each bounded feature in the flattened (len(bounded) · size, T) table.
+        self.register_buffer("table_offset", torch.arange(len(self.bounded)) * size, persistent=False)
+        self.register_buffer("table_values", torch.arange(size, dtype=torch.float32), persistent=False)
+        stacked = self.direct + self.bounded  # the table path's feature order, put back by `order`
+        self.order = None if stacked == list(range(n_features)) else [stacked.index(f) for f in range(n_features)]
+        self.method = "auto"  # "unique" | "table" | "auto": unique on a CPU, table elsewhere (forward)
+
+    def _encode(self, values: torch.Tensor, features: list[int], freq: torch.Tensor) -> torch.Tensor:
+        """values (N, len(features)) → (N, len(features), T): the encoding of each value by its feature's
+        basis."""
+        angle = values[:, :, None, None] * freq[features, :, None] * self.harmonics  # (N, G, T, K)
+        enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (N, G, T, 2K)
+        return (enc * self.basis[features]).sum(-1) + self.bias[features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A calendar feature takes few values (12 months, 24 hours, ...): each value is encoded once and
+        # gathered, instead of sin/cos over every (event, feature, unit, harmonic). Which values: on a CPU the
+        # batch's distinct ones (`unique`: the fewest sin/cos, 2–3 × faster there); elsewhere every value a
+        # bounded feature can take (`table`: fixed shapes, so nothing waits for the device and a CUDA graph
+        # can hold it), the unbounded year encoded directly. Same encodings either way (tested).
+        method = self.method if self.method != "auto" else ("unique" if x.device.type == "cpu" else "table")
+        n_features = x.shape[-1]
+        flat = x.reshape(-1, n_features)
+        freq = 10.0 ** (-self.log_period)  # (F, T)
+        if method == "unique":
+            columns = []
+            for f in range(n_features):
+                values, inverse = torch.unique(flat[:, f], return_inverse=True)  # (U,), (N,)
+                angle = values[:, None, None] * freq[f, :, None] * self.harmonics  # (U, T, K)
+                enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (U, T, 2K)
+                columns.append(((enc * self.basis[f]).sum(-1) + self.bias[f])[inverse])  # (N, T)
+            return torch.cat(columns, dim=-1).view(*x.shape[:-1], -1)  # (..., F * T)
+        parts = []
+        if self.direct:
+            parts.append(self._encode(flat[:, self.direct], self.direct, freq))  # (N, G', T)
+        if self.bounded:
+            values = self.table_values[None, :].expand(len(self.bounded), -1)  # (G, V)
+            table = self._encode(values.T, self.bounded, freq).transpose(0, 1)  # (G, V, T)
+            index = flat[:, self.bounded].long() + self.table_offset  # (N, G)
+            parts.append(F.embedding(index, table.flatten(0, 1)))  # (N, G, T)
+        out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # features in direct + bounded order
+        if self.order is not None:
+            out = out[:, self.order]
+        return out.reshape(*x.shape[:-1], -1)  # (..., F * T)
