@@ -47,6 +47,8 @@ SASREC='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windows=a
 # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG)
 BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
 MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
+# the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
+BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
 
 run() { timeout --signal=INT "$LIMIT_S" "$PYTHON" "$@"; }
 
@@ -65,8 +67,7 @@ case "$phase" in
     run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
       --results benchmarks/results/models-gpu.json \
       --max-minutes 0.1667 --work-dir "$WORK/budget" \
-      --runs "${SASREC},batch_size=1024,lr_scaling=sqrt,warmup_steps=50,min_epochs=0" \
-             "${SASREC},batch_size=2048,lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
+      --runs "${BIG},batch_size=1024" "${BIG},batch_size=2048"
     results=(models-gpu.json)
     ;;
   claims)
@@ -120,7 +121,6 @@ PY
     }
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
-    big="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
     if [[ "${QUICK_GRAPH:-1}" == 1 ]]; then
       for batch in 128 1024; do
         timeout --signal=INT -k 10 90 "$PYTHON" "${step[@]}" --models sasrec mojito --batch-size "$batch" --cuda-graph \
@@ -132,7 +132,7 @@ PY
       back
       timeout --signal=INT -k 10 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
         --work-dir "$WORK/graph-budget" --runs "${SASREC},batch_size=128,cuda_graph=true" \
-        "${big},batch_size=512,cuda_graph=true" "${big},batch_size=1024,cuda_graph=true" \
+        "${BIG},batch_size=512,cuda_graph=true" "${BIG},batch_size=1024,cuda_graph=true" \
         || echo "gpu_session: graphed budget runs failed" >&2
       back
     fi
@@ -160,8 +160,8 @@ PY
     done
     if [[ "${QUICK_BUDGET:-0}" == 1 ]] && (( $(left) > 60 )); then
       timeout --signal=INT -k 10 "$(left)" "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
-        --work-dir "$WORK/budget" --runs "${big},batch_size=512" "${big},batch_size=1024" \
-        "${big},batch_size=2048" || echo "gpu_session: budget runs failed" >&2
+        --work-dir "$WORK/budget" --runs "${BIG},batch_size=512" "${BIG},batch_size=1024" \
+        "${BIG},batch_size=2048" || echo "gpu_session: budget runs failed" >&2
       back
     fi
     results=()  # each piece copied its files already
