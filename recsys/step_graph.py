@@ -122,7 +122,9 @@ class FixedShapeStep:
             with torch.cuda.graph(graph, stream=self.stream):
                 self._step()
         except RuntimeError as err:  # an operator that waits for the device (this torch's, or a new model's)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            # The operator's own error, when the capture's end then failed too and replaced it.
+            cause = err.__context__ if isinstance(err.__context__, Exception) else err
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             raise ConfigError(f"train.cuda_graph: the training step could not be captured as a CUDA graph "
                               f"({first}); set train.cuda_graph: false") from err
         self.graph, self.graph_lr = graph, lr

@@ -119,7 +119,17 @@ class _Resume:
             if key.startswith("optim."):
                 _, pid, name = key.split(".", 2)
                 optim_state.setdefault(int(pid), {})[name] = value.to(device) if name != "step" else value
+        # The saved groups carry the saving run's implementation flags; this run keeps its own (a state saved
+        # on a CPU, resumed on CUDA, must come back fused and, under train.cuda_graph, capturable).
+        flags = {k: optimizer.defaults[k] for k in ("fused", "capturable", "foreach") if k in optimizer.defaults}
         optimizer.load_state_dict({"state": optim_state, "param_groups": state.pop("param_groups")})
+        on_device = bool(flags.get("fused") or flags.get("capturable"))
+        for group in optimizer.param_groups:
+            group.update(flags)
+            for param in group["params"]:
+                pstate = optimizer.state.get(param, {})
+                if "step" in pstate:  # where this implementation keeps its step count
+                    pstate["step"] = pstate["step"].to(param.device if on_device else "cpu", torch.float32)
         torch.set_rng_state(tensors["rng.torch"])
         generator.set_state(tensors["rng.generator"])
         return state
@@ -292,8 +302,11 @@ def train_model(
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
         for b, micro in enumerate(steps):
             if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
+                # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from it
+                # (and, under cuda_graph, look like a rate change: a needless recapture).
+                done = state["steps"] + 1 == cfg.warmup_steps
                 for group in optimizer.param_groups:
-                    group["lr"] = state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
+                    group["lr"] = state["lr"] if done else state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
             rows = flat[bounds[b] : bounds[b + 1]]
             if fixed is not None:
                 total_loss += fixed(rows)

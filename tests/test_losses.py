@@ -123,3 +123,36 @@ def test_a_mask_of_another_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="mask has shape"):
         linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long),
                              mask=torch.ones(3, dtype=torch.bool))
+
+
+def test_a_masked_row_that_is_not_finite_changes_nothing() -> None:
+    """A fixed-shape batch reads rows the selected one never does (padding, MOJITO's prefix-0 table rows); a
+    NaN or inf there must not reach the loss or any gradient (NaN · 0 is NaN: masking selects, not scales)."""
+    g = torch.Generator().manual_seed(2)
+    n, d, c, groups = 12, 4, 7, 4
+    h = torch.randn(n, d, generator=g)
+    w = torch.randn(c, d, generator=g, requires_grad=True)
+    b = torch.randn(c, generator=g, requires_grad=True)
+    t = torch.randn(groups, c, generator=g)
+    idx = torch.randint(0, groups - 1, (n,), generator=g)
+    y = torch.randint(0, c, (n,), generator=g)
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[[0, 5]] = False
+    idx[[0, 5]] = groups - 1  # the last table row is read by masked rows only
+    results = []
+    for poison in (False, True):
+        hp, tp = h.clone(), t.clone()
+        if poison:
+            hp[5] = float("nan")
+            tp[groups - 1] = float("inf")
+        hp.requires_grad_()
+        tp.requires_grad_()
+        loss = linear_cross_entropy(hp, w, y, bias=b, table=tp, index=idx, mask=keep)
+        loss.backward()
+        results.append((loss.detach(), hp.grad, tp.grad, w.grad.clone(), b.grad.clone()))
+        w.grad, b.grad = None, None
+    clean, poisoned = results
+    assert torch.isfinite(poisoned[0]) and all(torch.isfinite(x).all() for x in poisoned[1:])
+    for a, e in zip(poisoned, clean):
+        torch.testing.assert_close(a, e)
+    assert torch.all(poisoned[1][[0, 5]] == 0) and torch.all(poisoned[2][groups - 1] == 0)

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recsys.config import ConfigError
 from recsys.model_configs import MODEL_CONFIGS
@@ -115,3 +116,48 @@ def test_cuda_graph_is_refused_where_the_step_cannot_be_fixed(tiny_prepared, fas
         train_model(name, config, cfg, tiny_prepared, tmp_path / "model", resume_root=tmp_path / "resume")
     assert "set train.cuda_graph: false" in str(err.value)
     assert not (tmp_path / "model").exists()
+
+
+# Operators that make the host wait for a GPU (or copy Python data to it), which a CUDA graph cannot hold.
+WAITING_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.lift_fresh.default",
+               "aten._unique2.default", "aten._unique.default", "aten.unique_dim.default",
+               "aten.unique_consecutive.default", "aten.masked_select.default", "aten.repeat_interleave.Tensor"}
+
+
+class _WaitingOps(TorchDispatchMode):
+    """Records the operators in WAITING_OPS, and indexing by a boolean mask (a nonzero inside)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if name in WAITING_OPS:
+            self.found.append(name)
+        indexing = name in ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default")
+        if indexing and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            self.found.append(f"{name} with a boolean mask")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["sasrec", "mojito", "bert4rec"])
+def test_the_fixed_shape_step_has_no_operator_that_waits_for_the_device(tiny_prepared, name):
+    """What a CUDA graph capture would refuse, found on the CPU: the whole fixed-shape step — gather, forward,
+    loss, backward, clipping, the update — runs no operator that reads a value back to the host, copies
+    Python data to the device or selects by a mask (MOJITO with its GPU time encoder). The eager loss, which
+    selects its target positions by value, is caught by the same check."""
+    config, data, tensors, plan = _setup(tiny_prepared, 24, name)
+    model, opt = _model(config, data, name)
+    if name == "mojito":
+        model.time_enc.method = "table"  # what runs off the CPU
+    step = FixedShapeStep(model, opt, tensors, 24, grad_clip=0.5, device=torch.device("cpu"))
+    step._fill(torch.from_numpy(plan[2][:5]))  # a short batch: its padding rows too
+    opt.zero_grad(set_to_none=True)
+    with _WaitingOps() as fixed:
+        step._step()
+    assert fixed.found == []
+    rows = torch.from_numpy(plan[0])
+    with _WaitingOps() as eager:
+        model.loss(tensors.batch(rows, int(tensors.lengths[plan[0]].max()) - 1))
+    assert eager.found  # the check can fail: the eager loss selects its targets by value

@@ -665,3 +665,24 @@ def test_the_trainer_learns_the_same_with_and_without_micro_batches(tiny_prepare
     for a, b in zip(curves[1], curves[4]):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4)
         assert float(a["valid_ndcg@10"]) == pytest.approx(float(b["valid_ndcg@10"]), abs=1e-4)
+
+
+def test_a_resumed_optimiser_keeps_this_runs_implementation_not_the_saved_ones(tmp_path, tiny_sasrec_config):
+    """The resume key does not name the device (`train.device: auto`), so a state saved by one implementation
+    of Adam (a CPU's foreach) may be resumed by another (CUDA's fused, capturable under train.cuda_graph): the
+    groups keep this run's flags, and the step counts sit where this implementation keeps them."""
+    from recsys.train import _Resume
+
+    model = SASRec(tiny_sasrec_config, n_items=30, n_users=5)
+    saving = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    model(sample_batch()).sum().backward()
+    saving.step()
+    resume = _Resume(tmp_path, "sasrec", "k")
+    resume.save(model, saving, torch.Generator(), {"epoch": 1})
+    resuming = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    state = resume.load(model, resuming, torch.Generator(), torch.device("cpu"))
+    assert state["epoch"] == 1
+    assert resuming.param_groups[0]["foreach"] is False
+    steps = [s["step"] for s in resuming.state.values()]
+    assert steps and all(t.device.type == "cpu" and t.dtype == torch.float32 and float(t) == 1.0 for t in steps)
+    assert any(float(s["exp_avg"].abs().sum()) > 0 for s in resuming.state.values())  # the moments came back

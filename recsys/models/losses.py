@@ -47,7 +47,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n, classes = h.shape[0], weight.shape[0]
         if n == 0:
             raise ValueError("linear_cross_entropy needs at least one row")
-        keep = None if mask is None else mask.to(torch.float32)  # (N,) 1 = a term of the mean, 0 = left out
+        keep = None if mask is None else mask.to(torch.bool)  # (N,) True = a term of the mean
         work = _compute_dtype(h)
         with torch.autocast(device_type=h.device.type, enabled=False):
             hw, ww = h.to(work), weight.to(work)
@@ -61,24 +61,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
             step = max(1, chunk_elements(h.device) // max(classes, 1))
             for s in range(0, n, step):
                 hc, yc = hw[s : s + step], y[s : s + step]
-                kc = None if keep is None else keep[s : s + step]
+                kc = None if keep is None else keep[s : s + step, None]  # (c, 1)
+                if kc is not None:  # masked rows are selected away, not multiplied by 0 (NaN · 0 is NaN)
+                    hc = torch.where(kc, hc, 0.0)
                 p = (hc @ ww.T).float()  # (c, I) logits
                 if bias is not None:
                     p += bias_f
                 if table is not None:
                     p += table_f.index_select(0, index[s : s + step])
+                    if kc is not None:  # a masked row's table row may be anything (MOJITO: 0/0 at prefix 0)
+                        p.masked_fill_(~kc, 0.0)
                 rows = torch.arange(p.shape[0], device=p.device)
                 lse = torch.logsumexp(p, dim=1)
                 terms = lse - p[rows, yc]
-                total += terms.sum() if kc is None else (terms * kc).sum()
+                total += (terms if kc is None else torch.where(kc[:, 0], terms, 0.0)).sum()
                 p.sub_(lse[:, None]).exp_()  # softmax, in place
                 p[rows, yc] -= 1.0  # d(loss)/d(logits), before the 1/n
                 if kc is not None and (grad_b is not None or grad_t is not None):
-                    p.mul_(kc[:, None])  # masked rows add nothing (else the (c, D) sides carry the mask)
+                    p.masked_fill_(~kc, 0.0)  # masked rows add nothing (else the zeroed hc rows see to it)
                 pw = p.to(work)  # a no-op in float32; one cast per chunk under autocast
                 gh = (pw @ ww).float()
-                grad_h[s : s + step] = gh if kc is None else gh * kc[:, None]
-                grad_w += (pw.T @ (hc if kc is None else hc * kc[:, None].to(work))).float()
+                grad_h[s : s + step] = gh if kc is None else torch.where(kc, gh, 0.0)
+                grad_w += (pw.T @ hc).float()
                 if grad_b is not None:
                     grad_b += p.sum(0)
                 if grad_t is not None:
@@ -87,7 +91,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.dtypes = (h.dtype, weight.dtype, None if bias is None else bias.dtype,
                       None if table is None else table.dtype)
         # The mean's count: a tensor under a mask (read on the device, never waited for), at least 1.
-        ctx.n = n if keep is None else keep.sum().clamp_min(1.0)
+        ctx.n = n if keep is None else keep.sum().to(torch.float32).clamp_min(1.0)
         return total / ctx.n
 
     @staticmethod

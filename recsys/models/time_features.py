@@ -99,22 +99,26 @@ class MercerTimeEncoding(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_features, time_dim))  # (F, T)
         nn.init.xavier_uniform_(self.basis.view(-1, 2 * expand))
         self.register_buffer("harmonics", torch.arange(1, expand + 1, dtype=torch.float32), persistent=False)
-        self.bounded = [f for f, b in enumerate(bounds) if b is not None]
-        self.direct = [f for f, b in enumerate(bounds) if b is None]
+        # Feature indices as buffers on the module's device, never Python lists: indexing a CUDA tensor with a
+        # list copies the list to the device and waits for the copy (and a CUDA graph cannot hold that).
+        bounded = [f for f, b in enumerate(bounds) if b is not None]
+        direct = [f for f, b in enumerate(bounds) if b is None]
+        self.register_buffer("bounded", torch.tensor(bounded, dtype=torch.long), persistent=False)
+        self.register_buffer("direct", torch.tensor(direct, dtype=torch.long), persistent=False)
         size = max((b for b in bounds if b is not None), default=0) + 1
         # Row offsets of each bounded feature in the flattened (len(bounded) · size, T) table.
-        self.register_buffer("table_offset", torch.arange(len(self.bounded)) * size, persistent=False)
+        self.register_buffer("table_offset", torch.arange(len(bounded)) * size, persistent=False)
         self.register_buffer("table_values", torch.arange(size, dtype=torch.float32), persistent=False)
-        stacked = self.direct + self.bounded  # the table path's feature order, put back by `order`
-        self.order = None if stacked == list(range(n_features)) else [stacked.index(f) for f in range(n_features)]
+        stacked = direct + bounded  # the table path's feature order, put back by `order`
+        order = None if stacked == list(range(n_features)) else [stacked.index(f) for f in range(n_features)]
+        self.register_buffer("order", None if order is None else torch.tensor(order), persistent=False)
         self.method = "auto"  # "unique" | "table" | "auto": unique on a CPU, table elsewhere (forward)
 
-    def _encode(self, values: torch.Tensor, features: list[int], freq: torch.Tensor) -> torch.Tensor:
-        """values (N, len(features)) → (N, len(features), T): the encoding of each value by its feature's
-        basis."""
-        angle = values[:, :, None, None] * freq[features, :, None] * self.harmonics  # (N, G, T, K)
+    def _encode(self, values: torch.Tensor, features: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+        """values (N, G) of the G features `features` → (N, G, T): each value encoded by its feature's basis."""
+        angle = values[:, :, None, None] * freq.index_select(0, features)[:, :, None] * self.harmonics  # (N,G,T,K)
         enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (N, G, T, 2K)
-        return (enc * self.basis[features]).sum(-1) + self.bias[features]
+        return (enc * self.basis.index_select(0, features)).sum(-1) + self.bias.index_select(0, features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A calendar feature takes few values (12 months, 24 hours, ...): each value is encoded once and
@@ -135,14 +139,14 @@ class MercerTimeEncoding(nn.Module):
                 columns.append(((enc * self.basis[f]).sum(-1) + self.bias[f])[inverse])  # (N, T)
             return torch.cat(columns, dim=-1).view(*x.shape[:-1], -1)  # (..., F * T)
         parts = []
-        if self.direct:
-            parts.append(self._encode(flat[:, self.direct], self.direct, freq))  # (N, G', T)
-        if self.bounded:
+        if len(self.direct):
+            parts.append(self._encode(flat.index_select(1, self.direct), self.direct, freq))  # (N, G', T)
+        if len(self.bounded):
             values = self.table_values[None, :].expand(len(self.bounded), -1)  # (G, V)
             table = self._encode(values.T, self.bounded, freq).transpose(0, 1)  # (G, V, T)
-            index = flat[:, self.bounded].long() + self.table_offset  # (N, G)
+            index = flat.index_select(1, self.bounded).long() + self.table_offset  # (N, G)
             parts.append(F.embedding(index, table.flatten(0, 1)))  # (N, G, T)
         out = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]  # features in direct + bounded order
         if self.order is not None:
-            out = out[:, self.order]
+            out = out.index_select(1, self.order)
         return out.reshape(*x.shape[:-1], -1)  # (..., F * T)
