@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from recsys.config import ConfigError
+from recsys.config import ConfigError, TrainConfig
 from recsys.model_configs import MODEL_CONFIGS
 from recsys.models import build_model
 from recsys.sequences import SequenceData, TrainingTensors, random_batch_rows
 from recsys.step_graph import FixedShapeStep
-from recsys.train import optimiser_step, train_model
+from recsys.train import optimiser_step, train_model, validation_inputs
 
 # Nothing drawn at random: no dropout, no MOJITO attention noise, and its FISM sample is every history item
 # while fism_items >= max_len (as in tests/test_train.py's micro-batch test).
@@ -118,14 +118,16 @@ def test_cuda_graph_is_refused_where_the_step_cannot_be_fixed(tiny_prepared, fas
     assert not (tmp_path / "model").exists()
 
 
-# Operators that make the host wait for a GPU (or copy Python data to it), which a CUDA graph cannot hold.
-WAITING_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten.lift_fresh.default",
-               "aten._unique2.default", "aten._unique.default", "aten.unique_dim.default",
-               "aten.unique_consecutive.default", "aten.masked_select.default", "aten.repeat_interleave.Tensor"}
+# Operators that make the host wait for a GPU, which a CUDA graph cannot hold.
+WAITING_OPS = {"aten.nonzero.default", "aten._local_scalar_dense.default", "aten._unique2.default",
+               "aten._unique.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
+               "aten.masked_select.default", "aten.repeat_interleave.Tensor"}
 
 
 class _WaitingOps(TorchDispatchMode):
-    """Records the operators in WAITING_OPS, and indexing by a boolean mask (a nonzero inside)."""
+    """Records the operators in WAITING_OPS, a tensor made from Python data (a list index: on CUDA a copy to
+    the device the host waits for; a Python number, `x[i] = 0.0`, is a fill and harmless) and indexing by a
+    boolean mask (a nonzero inside)."""
 
     def __init__(self):
         super().__init__()
@@ -135,6 +137,8 @@ class _WaitingOps(TorchDispatchMode):
         name = str(func)
         if name in WAITING_OPS:
             self.found.append(name)
+        if name == "aten.lift_fresh.default" and args[0].dim() > 0:
+            self.found.append(f"{name} of shape {tuple(args[0].shape)}")
         indexing = name in ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default")
         if indexing and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
             self.found.append(f"{name} with a boolean mask")
@@ -145,8 +149,8 @@ class _WaitingOps(TorchDispatchMode):
 def test_the_fixed_shape_step_has_no_operator_that_waits_for_the_device(tiny_prepared, name):
     """What a CUDA graph capture would refuse, found on the CPU: the whole fixed-shape step — gather, forward,
     loss, backward, clipping, the update — runs no operator that reads a value back to the host, copies
-    Python data to the device or selects by a mask (MOJITO with its GPU time encoder). The eager loss, which
-    selects its target positions by value, is caught by the same check."""
+    Python data to the device or selects by a mask (MOJITO with its GPU time encoder), and neither does
+    scoring. The eager loss, which selects its target positions by value, is caught by the same check."""
     config, data, tensors, plan = _setup(tiny_prepared, 24, name)
     model, opt = _model(config, data, name)
     if name == "mojito":
@@ -161,3 +165,9 @@ def test_the_fixed_shape_step_has_no_operator_that_waits_for_the_device(tiny_pre
     with _WaitingOps() as eager:
         model.loss(tensors.batch(rows, int(tensors.lengths[plan[0]].max()) - 1))
     assert eager.found  # the check can fail: the eager loss selects its targets by value
+    # Validation ranks every user on the device without waiting either, until its ranks are read.
+    inputs = validation_inputs(model, data, TrainConfig(eval_batch_size=16), torch.device("cpu"))
+    assert len(inputs.batches) > 1
+    with _WaitingOps() as scoring:
+        inputs.ranks(model)
+    assert scoring.found == []
