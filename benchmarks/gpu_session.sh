@@ -110,6 +110,12 @@ case "$phase" in
     step=(benchmarks/bench_step.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --batches 24)
     back() { [[ -z "${OUT:-}" ]] || cp benchmarks/results/step.json benchmarks/results/models-gpu.json "$OUT/" 2>/dev/null || true; }
     left() { echo $(( budget_s - SECONDS )); }
+    within() {  # within N CMD...: CMD under a timeout of N seconds, or of what is left if less; skipped under 20 s
+      local t=$(( $(left) - 10 ))
+      (( t >= 20 )) || { echo "gpu_session: no time left for: ${*:2:3}" >&2; return 1; }
+      (( t < $1 )) || t=$1; shift
+      timeout --signal=INT -k 10 "$t" "$@"
+    }
     done_on_gpu() {  # a row of run $1, seed 42 + $2 that stopped early is already in models-gpu.json
       "$PYTHON" - "$1" "$2" <<'PY'
 import json, pathlib, sys
@@ -123,24 +129,24 @@ PY
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
     if [[ "${QUICK_GRAPH:-1}" == 1 ]]; then
       for batch in 128 1024; do
-        timeout --signal=INT -k 10 90 "$PYTHON" "${step[@]}" --models sasrec mojito --batch-size "$batch" --cuda-graph \
+        within 90 "$PYTHON" "${step[@]}" --models sasrec mojito --batch-size "$batch" --cuda-graph \
           || echo "gpu_session: graphed step at batch $batch failed" >&2
       done
       back
-      timeout --signal=INT -k 10 190 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/graph" \
+      within 190 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --work-dir "$WORK/graph" \
         --max-minutes 2.5 --runs "${SASREC},cuda_graph=true" || echo "gpu_session: graphed SASRec failed" >&2
       back
-      timeout --signal=INT -k 10 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+      within 150 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
         --work-dir "$WORK/graph-budget" --runs "${SASREC},batch_size=128,cuda_graph=true" \
         "${BIG},batch_size=512,cuda_graph=true" "${BIG},batch_size=1024,cuda_graph=true" \
         || echo "gpu_session: graphed budget runs failed" >&2
       back
     fi
-    timeout --signal=INT -k 10 120 "$PYTHON" "${step[@]}" || echo "gpu_session: step failed" >&2
+    within 120 "$PYTHON" "${step[@]}" || echo "gpu_session: step failed" >&2
     # (batch 128's ~14k target positions fit one 64M chunk: 256M there would repeat the first call's point)
     for point in "128 4194304" "1024 4194304" "1024 16777216" "1024 0" "1024 268435456"; do
       read -r batch chunk <<< "$point"
-      timeout --signal=INT -k 10 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" \
+      within 60 "$PYTHON" "${step[@]}" --models sasrec --batch-size "$batch" \
         --loss-chunk-elements "$chunk" || echo "gpu_session: step at batch $batch, chunk $chunk failed" >&2
     done
     back
