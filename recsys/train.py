@@ -360,6 +360,10 @@ def train_model(
         _write_curve(curve_path, curve_rows)
         if world.is_main:
             resume.save(model, optimizer, generator, state)
+        # An epoch ends on every rank once rank 0's state is on disk: a rank that stops here (a caller's
+        # on_epoch) and trains again must not read the state before it is written (ranks that resumed from
+        # different epochs would wait on each other's collectives forever). One barrier an epoch; none alone.
+        world.barrier()
         fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
