@@ -55,6 +55,8 @@ class SequentialModel(nn.Module):
     # initialisation, in which a champion may differ; every other field must match.
     id_rows: ClassVar[dict[str, str]] = {}
     warm_free_fields: ClassVar[frozenset[str]] = frozenset()
+    # The `config.loss` values whose `loss` takes a `Batch.fixed_shape` batch (`fixed_shape_refusal`).
+    fixed_shape_losses: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, n_items: int, n_users: int):
         super().__init__()
@@ -74,7 +76,13 @@ class SequentialModel(nn.Module):
 
     def fixed_shape_refusal(self) -> str | None:
         """Why this model's `loss` cannot take a `fixed_shape` batch (`train.cuda_graph`), or None when it
-        can: its loss then has no data-dependent shape and never waits for the device."""
+        can (its `config.loss` is one of `fixed_shape_losses`): its loss then has no data-dependent shape and
+        never waits for the device."""
+        loss = getattr(getattr(self, "config", None), "loss", None)
+        if loss in self.fixed_shape_losses:
+            return None
+        if self.fixed_shape_losses:
+            return f"{self.name}'s {loss!r} loss samples negatives per target position; use loss ce"
         return f"{self.name}'s loss selects its target positions by value (a data-dependent shape)"
 
     def loss_terms(self, lengths: np.ndarray) -> np.ndarray:

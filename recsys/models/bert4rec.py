@@ -33,7 +33,7 @@ from torch import nn
 from recsys.model_configs import BERT4RecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
-from recsys.models.losses import linear_cross_entropy
+from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 
 
@@ -55,6 +55,7 @@ class BERT4Rec(SequentialModel):
     name = "bert4rec"
     id_rows = {"item_emb.weight": "items", "out_bias": "items"}  # item_emb's last row is [mask]
     warm_free_fields = frozenset({"dropout", "mask_prob", "last_item_share", "n_negatives"})
+    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: BERT4RecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
@@ -122,12 +123,11 @@ class BERT4Rec(SequentialModel):
         inputs = seq.masked_fill(masked, self.mask_id)
         cfg = self.config
         if batch.fixed_shape:  # every position, the unmasked ones left out of the mean: no data-dependent shape
-            if cfg.loss != "ce":
-                raise ValueError(self.fixed_shape_refusal())
-            h = self.transform(self(inputs).flatten(0, 1))  # (B·L, D)
-            y = (seq - 1).clamp_min(0).flatten()
-            return linear_cross_entropy(h, self.item_emb.weight[1 : self.n_items + 1], y, bias=self.out_bias[1:],
-                                        mask=masked.flatten())
+            if why := self.fixed_shape_refusal():
+                raise ValueError(why)
+            weight = self.item_emb.weight[1 : self.n_items + 1]
+            h = self.transform(self(inputs))  # (B, L, D)
+            return cross_entropy_at_positions(h, weight, seq, masked, bias=self.out_bias[1:])
         hidden = self(inputs)[masked]  # (N, D)
         y = seq[masked]  # (N,)
         h = self.transform(hidden)  # (N, D)
@@ -141,11 +141,6 @@ class BERT4Rec(SequentialModel):
         negs = negs.masked_fill(neg[None, :] == y[:, None], float("-inf"))
         logits = torch.cat([pos, negs], dim=1)
         return F.cross_entropy(logits.float(), torch.zeros_like(y))
-
-    def fixed_shape_refusal(self) -> str | None:
-        if self.config.loss != "ce":
-            return f"bert4rec's {self.config.loss!r} loss samples negatives; use loss ce"
-        return None
 
     def append_mask(self, items: torch.Tensor) -> torch.Tensor:
         """Append [mask] after the newest item, dropping the oldest column when at max_len."""

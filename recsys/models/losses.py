@@ -124,3 +124,12 @@ def linear_cross_entropy(
     if mask is not None and mask.shape != y.shape:
         raise ValueError(f"mask has shape {tuple(mask.shape)}, not y's {tuple(y.shape)}")
     return _LinearCrossEntropy.apply(h, weight, bias, table, index, y, mask)
+
+
+def cross_entropy_at_positions(h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor,
+                               **kwargs) -> torch.Tensor:
+    """`linear_cross_entropy` at every position of a fixed-shape batch (`train.cuda_graph`), its mean over the
+    positions `keep` marks: h (B, L, D), ids (B, L) 1-based item ids (class = id - 1; any id where `keep` is
+    False), keep (B, L) bool; `bias`, `table`, `index` (B·L,) as `linear_cross_entropy` takes them."""
+    return linear_cross_entropy(h.flatten(0, 1), weight, (ids - 1).clamp_min(0).flatten(), mask=keep.flatten(),
+                                **kwargs)

@@ -51,7 +51,7 @@ from torch import nn
 from recsys.model_configs import MojitoConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import attention_mask
-from recsys.models.losses import linear_cross_entropy
+from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 from recsys.models.time_features import FEATURE_MAX, N_TIME_FEATURES, MercerTimeEncoding, time_features
 
@@ -163,6 +163,7 @@ class Mojito(SequentialModel):
     # time_dim / time_expand change only the time encoder's and the context projection's shapes: a warm
     # start carries those tensors when their shapes match and leaves them fresh otherwise.
     warm_free_fields = frozenset({"dropout", "noise_init", "time_linspace", "time_dim", "time_expand"})
+    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: MojitoConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
@@ -387,26 +388,21 @@ class Mojito(SequentialModel):
             return self.n_items + 1
         return (1 + min(self.config.fism_items, self.config.max_len)) * (self.n_items + 1)
 
-    def fixed_shape_refusal(self) -> str | None:
-        if self.config.loss != "ce":
-            return f"mojito's {self.config.loss!r} loss samples negatives per target position; use loss ce"
-        return None
-
     def _fixed_shape_loss(self, batch: Batch, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """`loss` (ce) over every position, padding masked: the same mean, no data-dependent shape."""
-        if self.config.loss != "ce":
-            raise ValueError(self.fixed_shape_refusal())
+        if why := self.fixed_shape_refusal():
+            raise ValueError(why)
         q, _, history, table, prefix = self._parts(batch)
         B, L = targets.shape
         emb = self.item_emb.weight[1:]  # (I, d)
-        y, mask = (targets - 1).clamp_min(0).flatten(), keep.flatten()
         if table is None:
-            return linear_cross_entropy(q.flatten(0, 1), emb, y, mask=mask)
+            return cross_entropy_at_positions(q, emb, targets, keep)
         groups = table.shape[1]
         rows_b = torch.arange(B, device=targets.device)[:, None].expand(B, L)  # batch row of every position
-        return linear_cross_entropy((q + self.config.long_weight * history).flatten(0, 1), emb, y,
-                                    bias=self.long_bias(emb), table=table[:, :, 1:].reshape(-1, self.n_items),
-                                    index=(rows_b * groups + prefix).flatten(), mask=mask)
+        flat = table[:, :, 1:].reshape(-1, self.n_items)  # (B·(1+F), I): one row per (row, prefix)
+        index = (rows_b * groups + prefix).flatten()
+        return cross_entropy_at_positions(q + self.config.long_weight * history, emb, targets, keep,
+                                          bias=self.long_bias(emb), table=flat, index=index)
 
     def score(self, batch: Batch) -> torch.Tensor:
         items = batch.items[:, -self.config.max_len :]

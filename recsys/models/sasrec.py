@@ -28,7 +28,7 @@ from torch import nn
 from recsys.model_configs import SASRecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
-from recsys.models.losses import linear_cross_entropy
+from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 
 
 def positions_from_end(items: torch.Tensor) -> torch.Tensor:
@@ -61,6 +61,7 @@ class SASRec(SequentialModel):
     name = "sasrec"
     id_rows = {"item_emb.weight": "items"}
     warm_free_fields = frozenset({"dropout", "item_dropout", "n_negatives", "weight_init"})
+    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: SASRecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
@@ -101,10 +102,9 @@ class SASRec(SequentialModel):
         keep = targets > 0
         cfg = self.config
         if batch.fixed_shape:  # every position, padding masked: no shape depends on the data
-            if cfg.loss != "ce":
-                raise ValueError(self.fixed_shape_refusal())
-            return linear_cross_entropy(hidden.flatten(0, 1), emb[1:], (targets - 1).clamp_min(0).flatten(),
-                                        mask=keep.flatten())
+            if why := self.fixed_shape_refusal():
+                raise ValueError(why)
+            return cross_entropy_at_positions(hidden, emb[1:], targets, keep)
         h, y = hidden[keep], targets[keep]  # (N, D), (N,)
         if cfg.loss == "ce":  # full softmax over the real items (padding column left out)
             return linear_cross_entropy(h, emb[1:], y - 1)
@@ -118,11 +118,6 @@ class SASRec(SequentialModel):
         neg = sample_negatives(self.n_items, (cfg.n_negatives,), h.device)
         logits = sampled_logits(h, emb, y, neg)
         return F.cross_entropy(logits.float(), torch.zeros_like(y))
-
-    def fixed_shape_refusal(self) -> str | None:
-        if self.config.loss != "ce":
-            return f"sasrec's {self.config.loss!r} loss samples negatives per target position; use loss ce"
-        return None
 
     def sequence_scores(self, batch: Batch) -> torch.Tensor:
         """(B, L, I + 1) scores of every item after every position (tests, analysis); column 0 = -inf."""
