@@ -36,7 +36,7 @@ from recsys.sequences import (  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
 from recsys.step_graph import EAGER_BEFORE_CAPTURE, FixedShapeStep  # noqa: E402
 from recsys.train import (  # noqa: E402
-    check_cuda_graph, make_optimizer, optimiser_step, validate, validation_inputs,
+    fixed_shape_step, make_optimizer, optimiser_step, validate, validation_inputs,
 )
 
 RESULTS = ROOT / "benchmarks" / "results" / "step.json"
@@ -87,11 +87,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     CUDA, recsys/step_graph.py)."""
     train_config, model, optimizer, tensors, batches = step_setup(name, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
-    fixed = None
-    if cuda_graph:
-        check_cuda_graph(model, name, train_config, distributed=False)
-        fixed = FixedShapeStep(model, optimizer, tensors, train_config.batch_size,
-                               grad_clip=train_config.grad_clip, device=device)
+    fixed = fixed_shape_step(model, name, train_config, optimizer, tensors, device)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
     warm = 2 + (EAGER_BEFORE_CAPTURE if cuda_graph else 0)

@@ -248,8 +248,8 @@ def train_model(
         raise ValueError("no user has two or more training events; nothing to train on")
     tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
     lr = cfg.effective_lr
-    check_cuda_graph(model, model_name, cfg, world.active)
     optimizer = make_optimizer(model, cfg, device)
+    fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = _Resume(Path(resume_root or RESUME), model_name,
                      run_key(model_name, model_config, cfg, fingerprint, init))
@@ -272,8 +272,6 @@ def train_model(
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
-    fixed = (FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
-             if cfg.cuda_graph else None)
     if fixed is not None and not fixed.graphed:
         log.info("model=%s train.cuda_graph on %s: the fixed-shape step runs eagerly (a graph needs CUDA)",
                  model_name, device.type)
@@ -392,11 +390,13 @@ def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim
                             weight_decay=cfg.weight_decay, fused=cuda, capturable=cfg.cuda_graph and cuda)
 
 
-def check_cuda_graph(model, model_name: str, cfg: TrainConfig, distributed: bool) -> None:
-    """Refuse `train.cuda_graph` where the fixed-shape step (recsys/step_graph.py) cannot run, before any
-    training: a model whose loss has a data-dependent shape, a data-parallel run, micro-batches."""
+def fixed_shape_step(model, model_name: str, cfg: TrainConfig, optimizer, tensors: TrainingTensors,
+                     device: torch.device, distributed: bool = False) -> FixedShapeStep | None:
+    """`train.cuda_graph`'s step for this run (recsys/step_graph.py), or None when the setting is off. Refused,
+    before any training, where it cannot run: a model whose loss has a data-dependent shape, a data-parallel
+    run, micro-batches."""
     if not cfg.cuda_graph:
-        return
+        return None
     why = model.fixed_shape_refusal()
     if why is None and distributed:
         why = "a data-parallel run (torchrun) all-reduces gradients outside a graph"
@@ -405,6 +405,7 @@ def check_cuda_graph(model, model_name: str, cfg: TrainConfig, distributed: bool
     if why is not None:
         raise ConfigError(f"{model_name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false "
                           f"for {model_name} (params.yaml, the model's train: section)")
+    return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:
