@@ -103,6 +103,7 @@ class MercerTimeEncoding(nn.Module):
         # list copies the list to the device and waits for the copy (and a CUDA graph cannot hold that).
         bounded = [f for f, b in enumerate(bounds) if b is not None]
         direct = [f for f, b in enumerate(bounds) if b is None]
+        self.register_buffer("features", torch.arange(n_features), persistent=False)
         self.register_buffer("bounded", torch.tensor(bounded, dtype=torch.long), persistent=False)
         self.register_buffer("direct", torch.tensor(direct, dtype=torch.long), persistent=False)
         size = max((b for b in bounds if b is not None), default=0) + 1
@@ -134,9 +135,7 @@ class MercerTimeEncoding(nn.Module):
             columns = []
             for f in range(n_features):
                 values, inverse = torch.unique(flat[:, f], return_inverse=True)  # (U,), (N,)
-                angle = values[:, None, None] * freq[f, :, None] * self.harmonics  # (U, T, K)
-                enc = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)  # (U, T, 2K)
-                columns.append(((enc * self.basis[f]).sum(-1) + self.bias[f])[inverse])  # (N, T)
+                columns.append(self._encode(values[:, None], self.features[f : f + 1], freq)[inverse, 0])  # (N, T)
             return torch.cat(columns, dim=-1).view(*x.shape[:-1], -1)  # (..., F * T)
         parts = []
         if len(self.direct):
