@@ -233,13 +233,13 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
     def in_budget(r: dict) -> bool:  # a run the BUDGET_S clock stopped (--max-minutes 0.1667)
         return bool(r["train"].get("max_minutes")) and r["train"]["max_minutes"] * 60 <= BUDGET_S + 1
 
-    def setting(r: dict) -> str:  # a budget row's batch size, and whether its step was a CUDA graph
+    def budget_setting(r: dict) -> str:  # a budget row's batch size, and whether its step was a CUDA graph
         return f"batch {r['train']['batch_size']}" + (", cuda_graph" if r["train"].get("cuda_graph") else "")
 
     budget = [r for r in gpu_rows if in_budget(r)]
     by_batch: dict[tuple[str, str], list[dict]] = {}
     for r in sorted(budget, key=lambda r: (r["train"].get("cuda_graph", False), r["train"]["batch_size"])):
-        by_batch.setdefault((r["dataset"], setting(r)), []).append(r)
+        by_batch.setdefault((r["dataset"], budget_setting(r)), []).append(r)
     for dataset, (target, _) in TARGETS.items():
         batches = {b: rs for (d, b), rs in by_batch.items() if d == dataset}
         if not batches:
