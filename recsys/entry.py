@@ -22,7 +22,8 @@ _USER_ERRORS = [
     ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
     ("recsys.registry", "RegistryError"), ("recsys.workspace", "DvcError"),
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
-    ("recsys.distributed", "DistributedError"),
+    ("recsys.distributed", "DistributedError"), ("recsys.device", "DeviceError"),
+    ("recsys.train", "TrainingError"),
 ]
 VERBOSE_ENV = "RECSYS_VERBOSE"
 

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from recsys.config import EvaluateConfig
-from recsys.device import resolve_device
+from recsys.device import out_of_memory_as_error, resolve_device
 from recsys.entry import model_stage_args
 from recsys.layout import Layout
 from recsys.metrics import per_user_metrics
@@ -124,7 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("evaluate stage: score the test split once", argv)
     paths = Layout(root)
     device = resolve_device(params.train_config(name).device)
-    result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate, device=str(device))
+    rows = params.evaluate.batch_size
+    advice = f"set evaluate.batch_size to fewer users a batch (now {rows}{' = auto' if rows == 0 else ''})"
+    with out_of_memory_as_error(device, f"scoring {name} on the test split", advice):
+        result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate,
+                                     device=str(device))
     train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())
     write_outputs(result, paths.metrics(name), paths.per_user(name),
                   {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError, TrainConfig
+from recsys.device import out_of_memory_as_error
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
@@ -45,6 +46,13 @@ from recsys.warm import start as initialise
 log = logging.getLogger(__name__)
 
 SELECTION_METRIC = "ndcg@10"
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on as configured (its loss diverged): the same settings fail the same way, so a
+    flow does not retry it; the message names the setting to change."""
+
+    transient = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,24 @@ def validate(model, inputs: RankingInputs) -> dict[str, float]:
     return summarise(per_user_metrics(inputs.ranks(model).cpu(), (10,)))
 
 
+def scoring_memory(model, config: TrainConfig, device):
+    """Out of memory while ranking the validation split → one line naming `train.eval_batch_size`."""
+    rows = scoring_batch_size(config.eval_batch_size, model, device)
+    now = f"{config.eval_batch_size}" + (" = auto" if config.eval_batch_size == 0 else "")
+    return out_of_memory_as_error(
+        device, f"ranking the validation split ({rows:,} users a batch × {model.n_items + 1:,} items)",
+        f"set train.eval_batch_size below {rows} (now {now})")
+
+
+def training_memory(model_name: str, config: TrainConfig, device, max_len: int, parts: int, fixed: bool):
+    """Out of memory in a training step → one line naming `train.batch_size` (and `micro_batches`)."""
+    on = torch.device(device).type
+    split = "" if fixed else f" or raise train.micro_batches (now {parts} a step on {on})"
+    return out_of_memory_as_error(
+        device, f"training {model_name} ({config.batch_size} sequences of up to {max_len} events a step)",
+        f"lower train.batch_size (now {config.batch_size}){split}")
+
+
 def validation_inputs(model, data: SequenceData, config: TrainConfig, device) -> RankingInputs:
     return RankingInputs(data, "valid", int(getattr(model.config, "max_len", 1)), device=device,
                          batch_size=scoring_batch_size(config.eval_batch_size, model, device))
@@ -230,9 +256,11 @@ def train_model(
         save_checkpoint(out_dir, model, dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids,
                         extra=extra)
 
-    valid_inputs = validation_inputs(model, data, cfg, device)
+    with scoring_memory(model, cfg, device):
+        valid_inputs = validation_inputs(model, data, cfg, device)
     if not model.trainable:
-        valid = validate(model, valid_inputs)
+        with scoring_memory(model, cfg, device):
+            valid = validate(model, valid_inputs)
         checkpoint(0, valid)
         row = {"epoch": 0, "loss": float("nan"), f"valid_{SELECTION_METRIC}": valid[SELECTION_METRIC],
                "valid_hr@10": valid["hr@10"], "seconds": time.perf_counter() - started}
@@ -246,7 +274,9 @@ def train_model(
     spans = data.train_spans(max_len, cfg.windows)
     if len(spans) == 0:
         raise ValueError("no user has two or more training events; nothing to train on")
-    tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
+    parts = micro_batch_count(cfg.micro_batches, device)
+    with training_memory(model_name, cfg, device, max_len, parts, cfg.cuda_graph):
+        tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
     lr = cfg.effective_lr
     optimizer = make_optimizer(model, cfg, device)
     fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
@@ -268,7 +298,6 @@ def train_model(
                      model_name, state["seconds"], cfg.max_minutes)
     loss_fn = world.loss_fn(model, device)
     floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
-    parts = micro_batch_count(cfg.micro_batches, device)
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
@@ -298,22 +327,24 @@ def train_model(
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
         bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
-        for b, micro in enumerate(steps):
-            if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
-                # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from it
-                # (and, under cuda_graph, look like a rate change: a needless recapture).
-                done = state["steps"] + 1 == cfg.warmup_steps
-                for group in optimizer.param_groups:
-                    group["lr"] = state["lr"] if done else state["lr"] * (state["steps"] + 1) / cfg.warmup_steps
-            rows = flat[bounds[b] : bounds[b + 1]]
-            if fixed is not None:
-                total_loss += fixed(rows)
-            else:
-                total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
-                                             grad_clip=cfg.grad_clip)
-            state["steps"] += 1
-            if bar is not None:
-                bar.update(1)
+        with training_memory(model_name, cfg, device, max_len, parts, fixed is not None):
+            for b, micro in enumerate(steps):
+                if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
+                    # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from
+                    # it (and, under cuda_graph, look like a rate change: a needless recapture).
+                    done = state["steps"] + 1 == cfg.warmup_steps
+                    share = 1.0 if done else (state["steps"] + 1) / cfg.warmup_steps
+                    for group in optimizer.param_groups:
+                        group["lr"] = state["lr"] if done else state["lr"] * share
+                rows = flat[bounds[b] : bounds[b + 1]]
+                if fixed is not None:
+                    total_loss += fixed(rows)
+                else:
+                    total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
+                                                 grad_clip=cfg.grad_clip)
+                state["steps"] += 1
+                if bar is not None:
+                    bar.update(1)
         if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
             for group in optimizer.param_groups:
                 group["lr"] = state["lr"]
@@ -322,11 +353,13 @@ def train_model(
             bar.set_postfix(loss=f"{epoch_loss:.4f}")
             bar.close()
         if not math.isfinite(epoch_loss):
-            raise FloatingPointError(f"{model_name}: non-finite training loss at epoch {epoch}; lower train.lr "
-                                     f"(now {lr:g}) or set train.grad_clip (now {cfg.grad_clip:g})")
+            rate = f"{cfg.lr:g}" + (f", {lr:g} after lr_scaling" if lr != cfg.lr else "")
+            raise TrainingError(f"{model_name}: the training loss became {epoch_loss} at epoch {epoch}: "
+                                f"lower train.lr (now {rate}) or set train.grad_clip (now {cfg.grad_clip:g})")
         state["sequences"] += len(spans)
         train_seconds = time.perf_counter() - epoch_start
-        valid = validate(model, valid_inputs)
+        with scoring_memory(model, cfg, device):
+            valid = validate(model, valid_inputs)
         valid_seconds = time.perf_counter() - epoch_start - train_seconds
         now = time.perf_counter() - started + time_offset
         cpu_now = time.process_time() - cpu_started + cpu_offset  # this rank's

@@ -1,0 +1,80 @@
+"""What a person reads when the device cannot run the settings, or training diverges (recsys/device.py,
+recsys/train.py): one `error:` line with the numbers and the setting to change, exit code 1, no traceback, and
+no retry by the flows (the same settings fail the same way)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from recsys.device import DeviceError, is_out_of_memory, out_of_memory_as_error, resolve_device
+from recsys.entry import is_transient, is_user_error
+from recsys.train import TrainingError, train_model
+
+IMPOSSIBLE = 10**13  # float32 elements: 40 TB, refused by the allocator at once (no memory is touched)
+
+
+def test_running_out_of_memory_becomes_one_line_naming_the_setting():
+    """A real allocation failure (the CPU allocator's, a plain RuntimeError) inside the guard."""
+    with pytest.raises(DeviceError) as caught:
+        with out_of_memory_as_error("cpu", "training sasrec (128 sequences a step)", "lower train.batch_size (now 128)"):
+            torch.empty(IMPOSSIBLE)
+    message = str(caught.value)
+    assert re.fullmatch(r"out of memory training sasrec \(128 sequences a step\) on the CPU \([0-9.]+ of [0-9.]+ "
+                        r"GiB available\): lower train.batch_size \(now 128\)", message), message
+    assert is_out_of_memory(caught.value.__cause__)  # the allocator's own error stays for --verbose
+    assert is_user_error(caught.value) and not is_transient(caught.value)
+
+
+def test_other_runtime_errors_pass_through_the_guard():
+    with pytest.raises(RuntimeError, match="shape") as caught:
+        with out_of_memory_as_error("cpu", "training", "lower train.batch_size"):
+            torch.zeros(2, 3) @ torch.zeros(2, 3)
+    assert not isinstance(caught.value, DeviceError)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_cuda_without_one_names_the_setting():
+    with pytest.raises(DeviceError, match=r"train.device is 'cuda' but torch .* sees no CUDA device: set "
+                                          r"train.device to auto or cpu") as caught:
+        resolve_device("cuda")
+    assert is_user_error(caught.value) and not is_transient(caught.value)
+
+
+def test_a_diverging_loss_is_a_user_error_naming_the_learning_rate(tiny_prepared, tiny_sasrec_config,
+                                                                    fast_train_config, tmp_path):
+    cfg = dataclasses.replace(fast_train_config, lr=1e30, epochs=2)
+    with pytest.raises(TrainingError, match=r"sasrec: the training loss became nan at epoch 1: lower train.lr "
+                                            r"\(now 1e\+30\) or set train.grad_clip \(now 5\)") as caught:
+        train_model("sasrec", tiny_sasrec_config, cfg, tiny_prepared, tmp_path / "model",
+                    resume_root=tmp_path / "resume")
+    assert is_user_error(caught.value) and not is_transient(caught.value)
+
+
+
+def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepared, write_params, tmp_path):
+    """The train stage as `dvc repro` runs it, with a setting whose first step asks the allocator for more
+    than the machine has (10^11 shared negatives: 800 GB of ids) — a real allocation failure, not a mock."""
+    from recsys.prepare import save
+
+    save(tiny_prepared, tmp_path / "artifacts" / "prepared")
+    params = write_params({"train": {"epochs": 1, "batch_size": 256},
+                           "sasrec": {"loss": "sampled_ce", "n_negatives": 10**11}})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RECSYS_FAULT", None)
+    failed = subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
+                             "--root", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert "Traceback" not in failed.stderr, failed.stderr[-2000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: out of memory training sasrec (256 sequences of up to 20 events a step) on "
+                           "the CPU ("), last
+    assert last.endswith("lower train.batch_size (now 256) or raise train.micro_batches (now 8 a step on cpu)"), last
+    assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()  # nothing half-written
