@@ -12,7 +12,6 @@ wall time does.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -25,22 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
-from benchmarks.bench_step import train_steps  # noqa: E402
+from benchmarks.bench_step import step_setup, train_steps  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.models import build_model  # noqa: E402
-from recsys.sequences import (  # noqa: E402
-    MICRO_BATCHES_CPU, SequenceData, TrainingTensors, batch_rows, micro_batches,
-)
+from recsys.sequences import MICRO_BATCHES_CPU, SequenceData, micro_batches  # noqa: E402
 
 
-def epoch_cpu_seconds(data: SequenceData, model_config, train_config, batching: str,
-                      micro: int) -> tuple[float, float]:
-    """(process seconds, share of padded positions) of one epoch from a fresh model."""
-    torch.manual_seed(0)
-    model = build_model("sasrec", model_config, data.n_items, data.n_users)
-    optimizer = torch.optim.Adam(model.parameters(), lr=train_config.lr, betas=(0.9, 0.98))
-    tensors = TrainingTensors(data, data.train_spans(model_config.max_len, train_config.windows))
-    plan = batch_rows(tensors.lengths, train_config.batch_size, torch.Generator().manual_seed(0), batching)
+def epoch_cpu_seconds(data: SequenceData, params, batching: str, micro: int) -> tuple[float, float]:
+    """(process seconds, share of padded positions) of one epoch from a fresh model (the trainer's set-up,
+    `bench_step.step_setup`)."""
+    _, model, optimizer, tensors, plan = step_setup("sasrec", data, params, None, torch.device("cpu"),
+                                                    batching=batching)
     terms = model.loss_terms(tensors.lengths)
     slots = sum((stop - start) * width for rows in plan
                 for start, stop, width, _ in micro_batches(tensors.lengths[rows], micro, terms[rows]))
@@ -59,14 +52,12 @@ def main() -> int:
     torch.set_num_threads(1)
     params = load_params(ROOT / "params.yaml")
     data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
-    model_config, train_config = params.model_config("sasrec"), params.train_config("sasrec")
-    train_config = dataclasses.replace(train_config, device="cpu")
     print(f"{args.dataset}, load average {os.getloadavg()[0]:.2f} before, torch {torch.__version__}, one thread")
     settings = [(batching, micro) for micro in (1, MICRO_BATCHES_CPU) for batching in ("bucketed", "random")]
     seconds: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
     for _ in range(args.rounds):
         for batching, micro in settings:
-            cpu, padded = epoch_cpu_seconds(data, model_config, train_config, batching, micro)
+            cpu, padded = epoch_cpu_seconds(data, params, batching, micro)
             seconds[batching, micro].append(cpu)
             print(f"batching={batching} micro_batches={micro} epoch_cpu_s={cpu:.2f} "
                   f"padded_positions={padded:.1%}", flush=True)

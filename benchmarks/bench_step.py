@@ -64,14 +64,15 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
     return sequences
 
 
-def step_setup(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
-               batch_size: int = 0, cuda_graph: bool = False):
+def step_setup(name: str, data: SequenceData, params, n_batches: int | None, device: torch.device,
+               batch_size: int = 0, cuda_graph: bool = False, batching: str | None = None):
     """A freshly initialised model `name` with the trainer's Adam, its training spans resident on `device` as
-    the trainer keeps them, and the first `n_batches` batches of the trainer's epoch plan; `batch_size` 0: the
-    model's own (params.yaml). Returns (train config, model, optimiser, tensors, batches)."""
+    the trainer keeps them, and the first `n_batches` (None: all) batches of the trainer's epoch plan;
+    `batch_size` 0 and `batching` None: the model's own (params.yaml). Returns (train config, model, optimiser,
+    tensors, batches)."""
     model_config, train_config = params.model_config(name), params.train_config(name)
     train_config = dataclasses.replace(train_config, batch_size=batch_size or train_config.batch_size,
-                                       cuda_graph=cuda_graph)
+                                       cuda_graph=cuda_graph, batching=batching or train_config.batching)
     torch.manual_seed(0)
     model = build_model(name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
     optimizer = make_optimizer(model, train_config, device)

@@ -159,6 +159,20 @@ def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_
         bench_step.main()
 
 
+def test_batching_cost_times_a_whole_epoch_of_the_trainers_step_and_counts_its_padding(tiny_prepared):
+    """benchmarks/batching_cost.py: one epoch of each batching on the trainer's own set-up; length-sorted
+    micro-batches pad fewer positions than whole uniform batches, and no step pads a negative share."""
+    import batching_cost
+
+    from recsys.sequences import SequenceData
+
+    params, data = load_params(ROOT / "params.yaml"), SequenceData.from_prepared(tiny_prepared)
+    whole = batching_cost.epoch_cpu_seconds(data, params, "random", 1)
+    split = batching_cost.epoch_cpu_seconds(data, params, "random", 8)
+    assert whole[0] > 0 and split[0] > 0
+    assert 0 <= split[1] < whole[1] < 1
+
+
 def test_step_ops_counts_the_loss_chunk_loops_operators(monkeypatch, tiny_prepared):
     """benchmarks/step_ops.py: a smaller loss chunk means more chunks, each a few more operators; the
     optimiser's operators are counted apart and do not change with it."""
