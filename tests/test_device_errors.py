@@ -58,23 +58,33 @@ def test_a_diverging_loss_is_a_user_error_naming_the_learning_rate(tiny_prepared
 
 
 
+def _stage(root, params):
+    """The train stage as `dvc repro` runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RECSYS_FAULT", None)
+    return subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
+                           "--root", str(root)], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(failed) -> str:
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert "Traceback" not in failed.stderr, failed.stderr[-2000:]
+    return failed.stderr.strip().splitlines()[-1]
+
+
 def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepared, write_params, tmp_path):
-    """The train stage as `dvc repro` runs it, with a setting whose first step asks the allocator for more
-    than the machine has (10^11 shared negatives: 800 GB of ids) — a real allocation failure, not a mock."""
+    """A setting whose first step asks the allocator for more than the machine has (10^11 shared negatives:
+    800 GB of ids) — a real allocation failure, not a mock."""
     from recsys.prepare import save
 
     save(tiny_prepared, tmp_path / "artifacts" / "prepared")
     params = write_params({"train": {"epochs": 1, "batch_size": 256},
                            "sasrec": {"loss": "sampled_ce", "n_negatives": 10**11}})
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RECSYS_FAULT", None)
-    failed = subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
-                             "--root", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    assert "Traceback" not in failed.stderr, failed.stderr[-2000:]
-    last = failed.stderr.strip().splitlines()[-1]
+    last = _one_error_line(_stage(tmp_path, params))
     assert last.startswith("error: out of memory training sasrec (256 sequences of up to 20 events a step) on "
                            "the CPU ("), last
     assert last.endswith("lower train.batch_size (now 256) or raise train.micro_batches (now 8 a step on cpu)"), last
     assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()  # nothing half-written
+    if not torch.cuda.is_available():
+        last = _one_error_line(_stage(tmp_path, write_params({"train": {"device": "cuda"}})))
+        assert last.startswith("error: train.device is 'cuda' but torch "), last
