@@ -23,11 +23,13 @@ IMPOSSIBLE = 10**13  # float32 elements: 40 TB, refused by the allocator at once
 def test_running_out_of_memory_becomes_one_line_naming_the_setting():
     """A real allocation failure (the CPU allocator's, a plain RuntimeError) inside the guard."""
     with pytest.raises(DeviceError) as caught:
-        with out_of_memory_as_error("cpu", "training sasrec (128 sequences a step)", "lower train.batch_size (now 128)"):
+        with out_of_memory_as_error("cpu", "training sasrec (128 sequences a step)",
+                                    "lower train.batch_size (now 128)"):
             torch.empty(IMPOSSIBLE)
     message = str(caught.value)
-    assert re.fullmatch(r"out of memory training sasrec \(128 sequences a step\) on the CPU \([0-9.]+ of [0-9.]+ "
-                        r"GiB available\): lower train.batch_size \(now 128\)", message), message
+    assert re.fullmatch(r"out of memory training sasrec \(128 sequences a step\) on the CPU "
+                        r"\([0-9.]+ of [0-9.]+ GiB available\): lower train.batch_size \(now 128\)",
+                        message), message
     assert is_out_of_memory(caught.value.__cause__)  # the allocator's own error stays for --verbose
     assert is_user_error(caught.value) and not is_transient(caught.value)
 
@@ -50,8 +52,9 @@ def test_asking_for_cuda_without_one_names_the_setting():
 def test_a_diverging_loss_is_a_user_error_naming_the_learning_rate(tiny_prepared, tiny_sasrec_config,
                                                                     fast_train_config, tmp_path):
     cfg = dataclasses.replace(fast_train_config, lr=1e30, epochs=2)
-    with pytest.raises(TrainingError, match=r"sasrec: the training loss became nan at epoch 1: lower train.lr "
-                                            r"\(now 1e\+30\) or set train.grad_clip \(now 5\)") as caught:
+    diverged = r"sasrec: the training loss became nan at epoch 1: lower train.lr \(now 1e\+30\) or set " \
+               r"train.grad_clip \(now 5\)"
+    with pytest.raises(TrainingError, match=diverged) as caught:
         train_model("sasrec", tiny_sasrec_config, cfg, tiny_prepared, tmp_path / "model",
                     resume_root=tmp_path / "resume")
     assert is_user_error(caught.value) and not is_transient(caught.value)
@@ -62,8 +65,9 @@ def _stage(root, params):
     """The train stage as `dvc repro` runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RECSYS_FAULT", None)
-    return subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
-                           "--root", str(root)], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    stage = [sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
+             "--root", str(root)]
+    return subprocess.run(stage, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _one_error_line(failed) -> str:
@@ -81,9 +85,10 @@ def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepar
     params = write_params({"train": {"epochs": 1, "batch_size": 256},
                            "sasrec": {"loss": "sampled_ce", "n_negatives": 10**11}})
     last = _one_error_line(_stage(tmp_path, params))
-    assert last.startswith("error: out of memory training sasrec (256 sequences of up to 20 events a step) on "
-                           "the CPU ("), last
-    assert last.endswith("lower train.batch_size (now 256) or raise train.micro_batches (now 8 a step on cpu)"), last
+    assert last.startswith("error: out of memory training sasrec (256 sequences of up to 20 events a step) "
+                           "on the CPU ("), last
+    advice = "lower train.batch_size (now 256) or raise train.micro_batches (now 8 a step on cpu)"
+    assert last.endswith(advice), last
     assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()  # nothing half-written
     if not torch.cuda.is_available():
         last = _one_error_line(_stage(tmp_path, write_params({"train": {"device": "cuda"}})))
