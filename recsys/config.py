@@ -112,6 +112,10 @@ class TrainConfig:
     # (recsys/step_graph.py). Models with loss ce; one process; micro_batches 0 or 1. On a CPU the same step
     # runs eagerly, at full width (slower than micro-batches there).
     cuda_graph: bool = False
+    # Exponential moving average of the weights, updated after every optimiser step with this decay (0 =
+    # off; 0.99 averages over roughly the last 100 steps). Validation, the best checkpoint and so the test
+    # score the averaged weights; the optimiser keeps stepping the raw ones.
+    ema: float = 0.0
 
     @property
     def effective_lr(self) -> float:
@@ -135,6 +139,9 @@ class TrainConfig:
         if not 0.0 < self.warm_keep <= 1.0:
             raise ValueError(f"train.warm_keep must be in (0, 1] (1 = the champion's weights as they are; a "
                              f"smaller share blends in a fresh initialisation), got {self.warm_keep}")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"train.ema must be in [0, 1) (0 = off; the decay of the weights' moving average "
+                             f"per optimiser step), got {self.ema}")
         if self.batch_size < 1 or self.lr_reference_batch < 1:
             raise ValueError(f"train.batch_size and train.lr_reference_batch must be >= 1, got "
                              f"{self.batch_size} and {self.lr_reference_batch}")

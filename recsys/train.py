@@ -11,6 +11,7 @@ or the registry champion's, handed in as the stage's `artifacts/warm/<model>` in
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import hashlib
@@ -88,6 +89,21 @@ def run_key(model_name: str, model_config: Any, train_config: TrainConfig, finge
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+class WeightAverage:
+    """`train.ema`: a copy of the model whose parameters follow the trained ones as an exponential moving
+    average, `avg ← decay · avg + (1 − decay) · live` after every optimiser step (buffers are the model's own
+    statistics, fixed before training, and copied once). Updated on the device; nothing waits for it."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.module = copy.deepcopy(model).requires_grad_(False)
+        self._average, self._live = list(self.module.parameters()), list(model.parameters())
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self._average, self._live, 1.0 - self.decay)
+
+
 class _Resume:
     """Full trainer state after an epoch, as safetensors + JSON, in `<root>/<model>-<run key>`.
 
@@ -100,11 +116,15 @@ class _Resume:
         self.root, self.model_name = root, model_name
         self.dir = resume_dir(root, model_name, key)
 
-    def save(self, model, optimizer, generator: torch.Generator, state: dict) -> None:
+    def save(self, model, optimizer, generator: torch.Generator, state: dict,
+             average: WeightAverage | None = None) -> None:
         tmp = self.dir.with_name(self.dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        if average is not None:
+            tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
+                            for k, v in average.module.state_dict().items()})
         opt = optimizer.state_dict()
         for pid, pstate in opt["state"].items():
             for name, value in pstate.items():
@@ -116,12 +136,16 @@ class _Resume:
         shutil.rmtree(self.dir, ignore_errors=True)
         tmp.rename(self.dir)
 
-    def load(self, model, optimizer, generator: torch.Generator, device) -> dict | None:
+    def load(self, model, optimizer, generator: torch.Generator, device,
+             average: WeightAverage | None = None) -> dict | None:
         if not (self.dir / "state.json").is_file():
             return None
         tensors = load_file(str(self.dir / "state.safetensors"))
         state = json.loads((self.dir / "state.json").read_text())
         model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
+        if average is not None:  # the run key includes train.ema: a state with an average has one saved
+            average.module.load_state_dict({k[4:]: v.to(device) for k, v in tensors.items()
+                                            if k.startswith("ema.")})
         optim_state: dict[int, dict] = {}
         for key, value in tensors.items():
             if key.startswith("optim."):
@@ -246,6 +270,7 @@ def train_model(
     curve_rows: list[dict] = []
 
     curve_path = curve_path if world.is_main else None  # only rank 0 writes
+    average: WeightAverage | None = None  # train.ema: what validation, the checkpoint and the test score
 
     def checkpoint(epoch: int, valid: dict) -> None:
         if not world.is_main:
@@ -253,8 +278,8 @@ def train_model(
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)}
         if init is not None:
             extra["init"] = init
-        save_checkpoint(out_dir, model, dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids,
-                        extra=extra)
+        save_checkpoint(out_dir, average.module if average is not None else model,
+                        dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids, extra=extra)
 
     with scoring_memory(model, cfg, device):
         valid_inputs = validation_inputs(model, data, cfg, device)
@@ -280,13 +305,15 @@ def train_model(
     lr = cfg.effective_lr
     optimizer = make_optimizer(model, cfg, device)
     fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
+    average = WeightAverage(model, cfg.ema) if cfg.ema > 0 else None
+    scored = average.module if average is not None else model
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = _Resume(Path(resume_root or RESUME), model_name,
                      run_key(model_name, model_config, cfg, fingerprint, init))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
-    restored = resume.load(model, optimizer, generator, device)
+    restored = resume.load(model, optimizer, generator, device, average)
     if restored:
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
@@ -342,6 +369,8 @@ def train_model(
                 else:
                     total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
                                                  grad_clip=cfg.grad_clip)
+                if average is not None:
+                    average.update()
                 state["steps"] += 1
                 if bar is not None:
                     bar.update(1)
@@ -359,7 +388,7 @@ def train_model(
         state["sequences"] += len(spans)
         train_seconds = time.perf_counter() - epoch_start
         with scoring_memory(model, cfg, device):
-            valid = validate(model, valid_inputs)
+            valid = validate(scored, valid_inputs)
         valid_seconds = time.perf_counter() - epoch_start - train_seconds
         now = time.perf_counter() - started + time_offset
         cpu_now = time.process_time() - cpu_started + cpu_offset  # this rank's
@@ -390,7 +419,7 @@ def train_model(
         state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         if world.is_main:
-            resume.save(model, optimizer, generator, state)
+            resume.save(model, optimizer, generator, state, average)
         # An epoch ends on every rank once rank 0's state is on disk: a rank that stops here (a caller's
         # on_epoch) and trains again must not read the state before it is written (ranks that resumed from
         # different epochs would wait on each other's collectives forever). One barrier an epoch; none alone.
@@ -405,7 +434,7 @@ def train_model(
     cpu_seconds = time.process_time() - cpu_started + cpu_offset
     if world.is_main and keep_final_state and "stopped_by" not in state:
         resume.save(model, optimizer, generator,
-                    {**state, "stopped_by": stopped_by, "seconds": seconds, "cpu_seconds": cpu_seconds})
+                    {**state, "stopped_by": stopped_by, "seconds": seconds, "cpu_seconds": cpu_seconds}, average)
     elif world.is_main and not keep_final_state:
         resume.clear()
     return TrainResult(

@@ -111,9 +111,12 @@ class Interrupt:
             raise KeyboardInterrupt
 
 
+@pytest.mark.parametrize("ema", [0.0, 0.9])
 def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_sasrec_config, fast_train_config,
-                                                             tmp_path, caplog):
-    cfg = dataclasses.replace(fast_train_config, epochs=4)
+                                                             tmp_path, caplog, ema):
+    """(With `train.ema` the weights' average is part of the saved state: the resumed run's averaged
+    checkpoint equals the uninterrupted run's.)"""
+    cfg = dataclasses.replace(fast_train_config, epochs=4, ema=ema)
     straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
 
     interrupted = Interrupt(at=2)
@@ -139,6 +142,48 @@ def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_
     for key in want:
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
     assert not any((tmp_path / "resumed" / "resume").iterdir())  # cleared once finished
+
+
+def test_the_weight_average_follows_the_trained_weights_by_its_decay():
+    from recsys.train import WeightAverage
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    average = WeightAverage(model, 0.75)
+    assert not any(p.requires_grad for p in average.module.parameters())
+    expected = 1.0
+    for live in (3.0, -1.0, 5.0):
+        with torch.no_grad():
+            model.weight.fill_(live)
+        average.update()
+        expected = 0.75 * expected + 0.25 * live
+        assert torch.allclose(average.module.weight, torch.full((1, 2), expected))
+    assert torch.equal(model.weight, torch.full((1, 2), 5.0))  # the trained weights are untouched
+
+
+def test_with_ema_validation_and_the_checkpoint_are_the_averaged_weights(tiny_prepared, tiny_sasrec_config,
+                                                                        fast_train_config, tmp_path):
+    """The best checkpoint is the average (the kept final state holds both: raw `model.*`, averaged `ema.*`),
+    and the validation score recorded for it is the checkpoint's own."""
+    cfg = dataclasses.replace(fast_train_config, epochs=3, ema=0.9)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, keep_final_state=True)
+    assert result.best_epoch == 3  # still improving on this data: the last state is the best epoch's
+    (state_dir,) = (tmp_path / "resume").iterdir()
+    state = load_file(str(state_dir / "state.safetensors"))
+    saved = weights(tmp_path / "model")
+    raw_differs = False
+    for key, value in saved.items():
+        torch.testing.assert_close(value, state[f"ema.{key}"], rtol=0, atol=0)
+        raw_differs |= not torch.equal(value, state[f"model.{key}"])
+    assert raw_differs
+    model, _ = load_model(tmp_path / "model")
+    valid = evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(ks=(10,)))
+    assert valid.metrics["ndcg@10"] == pytest.approx(result.best_valid["ndcg@10"], abs=1e-6)
+    plain = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, ema=0.0), tmp_path / "plain")
+    assert plain.best_valid["ndcg@10"] != result.best_valid["ndcg@10"]
+    with pytest.raises(ValueError, match=r"train.ema must be in \[0, 1\)"):
+        dataclasses.replace(cfg, ema=1.0)
 
 
 def test_a_kept_final_state_returns_the_finished_run_without_training_again(tiny_prepared, tiny_sasrec_config,
