@@ -94,6 +94,15 @@ ABLATION = (
      "BERT4Rec: half the rows mask only their last item (from a quarter)"),
     (BERT4REC_LIS01, BERT4REC_REF_HN, "BERT4Rec: a tenth of the rows mask only their last item (from a quarter)"),
     (BERT4REC_DROP03, BERT4REC_REF_HN, "BERT4Rec: dropout 0.3 (from 0.2)"),
+    # Session 18: the last-item share further down, and an average of the weights (train.ema).
+    (BERT4REC_LIS01.replace("last_item_share=0.1", "last_item_share=0.05"), BERT4REC_LIS01,
+     "BERT4Rec: a twentieth of the rows mask only their last item (from a tenth)"),
+    (BERT4REC_LIS01.replace("last_item_share=0.1", "last_item_share=0"), BERT4REC_LIS01,
+     "BERT4Rec: no row masks only its last item (from a tenth): pure cloze"),
+    (f"{BERT4REC_LIS01},ema=0.99", BERT4REC_LIS01,
+     "BERT4Rec: validate, keep and test a moving average of the weights (decay 0.99 a step)"),
+    (f"{SASREC_DEFAULT_RUN},ema=0.99", SASREC_DEFAULT_RUN,
+     "validate, keep and test a moving average of the weights (decay 0.99 a step)"),
 )
 
 
