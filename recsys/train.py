@@ -11,14 +11,12 @@ or the registry champion's, handed in as the stage's `artifacts/warm/<model>` in
 
 from __future__ import annotations
 
-import copy
 import csv
 import dataclasses
 import hashlib
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError, TrainConfig
@@ -35,13 +32,14 @@ from recsys.device import out_of_memory_as_error
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
-from recsys.layout import RESUME, Layout, prune_resume_state, resume_dir
+from recsys.layout import RESUME, Layout
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.step_graph import FixedShapeStep
+from recsys.train_state import Resume, WeightAverage
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
@@ -87,87 +85,6 @@ def run_key(model_name: str, model_config: Any, train_config: TrainConfig, finge
         key["init"] = init
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-class WeightAverage:
-    """`train.ema`: a copy of the model whose parameters follow the trained ones as an exponential moving
-    average, `avg ← decay · avg + (1 − decay) · live` after every optimiser step (buffers are the model's own
-    statistics, fixed before training, and copied once). Updated on the device; nothing waits for it."""
-
-    def __init__(self, model: torch.nn.Module, decay: float):
-        self.decay = decay
-        self.module = copy.deepcopy(model).requires_grad_(False)
-        self._average, self._live = list(self.module.parameters()), list(model.parameters())
-
-    @torch.no_grad()
-    def update(self) -> None:
-        torch._foreach_lerp_(self._average, self._live, 1.0 - self.decay)
-
-
-class _Resume:
-    """Full trainer state after an epoch, as safetensors + JSON, in `<root>/<model>-<run key>`.
-
-    When training completes, every state of the model goes: this run's, another run key's (an interrupted
-    run of another config or data, which this output replaces) and a `.tmp` a kill left;
-    `recsys.layout.prune_resume_state` does the same when the output is complete by another route (DVC
-    restored it from its cache)."""
-
-    def __init__(self, root: Path, model_name: str, key: str):
-        self.root, self.model_name = root, model_name
-        self.dir = resume_dir(root, model_name, key)
-
-    def save(self, model, optimizer, generator: torch.Generator, state: dict,
-             average: WeightAverage | None = None) -> None:
-        tmp = self.dir.with_name(self.dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        if average is not None:
-            tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
-                            for k, v in average.module.state_dict().items()})
-        opt = optimizer.state_dict()
-        for pid, pstate in opt["state"].items():
-            for name, value in pstate.items():
-                tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
-        tensors["rng.torch"] = torch.get_rng_state()
-        tensors["rng.generator"] = generator.get_state()
-        save_file(tensors, str(tmp / "state.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({**state, "param_groups": opt["param_groups"]}))
-        shutil.rmtree(self.dir, ignore_errors=True)
-        tmp.rename(self.dir)
-
-    def load(self, model, optimizer, generator: torch.Generator, device,
-             average: WeightAverage | None = None) -> dict | None:
-        if not (self.dir / "state.json").is_file():
-            return None
-        tensors = load_file(str(self.dir / "state.safetensors"))
-        state = json.loads((self.dir / "state.json").read_text())
-        model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
-        if average is not None:  # the run key includes train.ema: a state with an average has one saved
-            average.module.load_state_dict({k[4:]: v.to(device) for k, v in tensors.items()
-                                            if k.startswith("ema.")})
-        optim_state: dict[int, dict] = {}
-        for key, value in tensors.items():
-            if key.startswith("optim."):
-                _, pid, name = key.split(".", 2)
-                optim_state.setdefault(int(pid), {})[name] = value.to(device) if name != "step" else value
-        # The saved groups carry the saving run's implementation flags; this run keeps its own (a state saved
-        # on a CPU, resumed on CUDA, must come back fused and, under train.cuda_graph, capturable).
-        flags = {k: optimizer.defaults[k] for k in ("fused", "capturable", "foreach") if k in optimizer.defaults}
-        optimizer.load_state_dict({"state": optim_state, "param_groups": state.pop("param_groups")})
-        on_device = bool(flags.get("fused") or flags.get("capturable"))
-        for group in optimizer.param_groups:
-            group.update(flags)
-            for param in group["params"]:
-                pstate = optimizer.state.get(param, {})
-                if "step" in pstate:  # where this implementation keeps its step count
-                    pstate["step"] = pstate["step"].to(param.device if on_device else "cpu", torch.float32)
-        torch.set_rng_state(tensors["rng.torch"])
-        generator.set_state(tensors["rng.generator"])
-        return state
-
-    def clear(self) -> None:
-        prune_resume_state(self.root, [self.model_name])
 
 
 def _progress(enabled: str, total: int, desc: str):
@@ -308,7 +225,7 @@ def train_model(
     average = WeightAverage(model, cfg.ema) if cfg.ema > 0 else None
     scored = average.module if average is not None else model
     generator = torch.Generator().manual_seed(cfg.seed)
-    resume = _Resume(Path(resume_root or RESUME), model_name,
+    resume = Resume(Path(resume_root or RESUME), model_name,
                      run_key(model_name, model_config, cfg, fingerprint, init))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,

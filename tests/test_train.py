@@ -145,7 +145,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_
 
 
 def test_the_weight_average_follows_the_trained_weights_by_its_decay():
-    from recsys.train import WeightAverage
+    from recsys.train_state import WeightAverage
 
     model = torch.nn.Linear(2, 1)
     with torch.no_grad():
@@ -716,13 +716,13 @@ def test_a_resumed_optimiser_keeps_this_runs_implementation_not_the_saved_ones(t
     """The resume key does not name the device (`train.device: auto`), so a state saved by one implementation
     of Adam (a CPU's foreach) may be resumed by another (CUDA's fused, capturable under train.cuda_graph): the
     groups keep this run's flags, and the step counts sit where this implementation keeps them."""
-    from recsys.train import _Resume
+    from recsys.train_state import Resume
 
     model = SASRec(tiny_sasrec_config, n_items=30, n_users=5)
     saving = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
     model(sample_batch()).sum().backward()
     saving.step()
-    resume = _Resume(tmp_path, "sasrec", "k")
+    resume = Resume(tmp_path, "sasrec", "k")
     resume.save(model, saving, torch.Generator(), {"epoch": 1})
     resuming = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     state = resume.load(model, resuming, torch.Generator(), torch.device("cpu"))
