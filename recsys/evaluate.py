@@ -23,12 +23,12 @@ import pandas as pd
 import torch
 
 from recsys.config import EvaluateConfig
-from recsys.device import out_of_memory_as_error, resolve_device
+from recsys.device import resolve_device
 from recsys.entry import model_stage_args
 from recsys.layout import Layout
 from recsys.metrics import per_user_metrics
 from recsys.prepare import Prepared, load
-from recsys.ranking import rank_targets, summarise
+from recsys.ranking import rank_targets, scoring_memory, summarise
 from recsys.sequences import SequenceData
 
 if TYPE_CHECKING:
@@ -64,10 +64,11 @@ def evaluate_model(
 ) -> EvalResult:
     started = time.perf_counter()
     data = data or SequenceData.from_prepared(prepared)
-    users, ranks, sampled = rank_targets(
-        model, data, split, batch_size=config.batch_size, device=device, item_map=item_map,
-        user_map=user_map, sampled_negatives=config.sampled_negatives, seed=config.seed,
-    )
+    with scoring_memory(model, config.batch_size, "evaluate.batch_size", device, split):
+        users, ranks, sampled = rank_targets(
+            model, data, split, batch_size=config.batch_size, device=device, item_map=item_map,
+            user_map=user_map, sampled_negatives=config.sampled_negatives, seed=config.seed,
+        )
     values = per_user_metrics(ranks, config.ks)
     metrics = summarise(values)
     if sampled is not None:
@@ -124,11 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("evaluate stage: score the test split once", argv)
     paths = Layout(root)
     device = resolve_device(params.train_config(name).device)
-    rows = params.evaluate.batch_size
-    advice = f"set evaluate.batch_size to fewer users a batch (now {rows}{' = auto' if rows == 0 else ''})"
-    with out_of_memory_as_error(device, f"scoring {name} on the test split", advice):
-        result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate,
-                                     device=str(device))
+    result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate,
+                                 device=str(device))
     train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())
     write_outputs(result, paths.metrics(name), paths.per_user(name),
                   {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})

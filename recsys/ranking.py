@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recsys.device import out_of_memory_as_error
 from recsys.metrics import target_rank
 from recsys.models.base import SequentialModel
 from recsys.sequences import EvalBatch, SequenceData, eval_batch
@@ -34,6 +35,16 @@ def scoring_batch_size(setting: int, model: SequentialModel, device: torch.devic
     if torch.device(device).type != "cuda":
         return SCORING_ROWS_CPU
     return max(1, SCORING_ELEMENTS_CUDA // model.scoring_elements_per_row())
+
+
+def scoring_memory(model: SequentialModel, setting: int, name: str, device: torch.device | str, split: str):
+    """A guard for ranking `split`: running out of memory inside it becomes one `DeviceError` line with the
+    batch it ranked and the setting `name` (its value `setting`) to lower."""
+    rows = scoring_batch_size(setting, model, device)
+    now = f"{setting}" + (" = auto" if setting == 0 else "")
+    return out_of_memory_as_error(
+        device, f"ranking the {split} split ({rows:,} users a batch × {model.n_items + 1:,} items)",
+        f"set {name} below {rows} (now {now})")
 
 
 class RankingInputs:

@@ -36,7 +36,7 @@ from recsys.layout import RESUME, Layout
 from recsys.metrics import per_user_metrics
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
-from recsys.ranking import RankingInputs, scoring_batch_size, summarise
+from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.step_graph import FixedShapeStep
 from recsys.train_state import Resume, WeightAverage
@@ -101,15 +101,6 @@ def validate(model, inputs: RankingInputs) -> dict[str, float]:
     return summarise(per_user_metrics(inputs.ranks(model).cpu(), (10,)))
 
 
-def scoring_memory(model, config: TrainConfig, device):
-    """Out of memory while ranking the validation split → one line naming `train.eval_batch_size`."""
-    rows = scoring_batch_size(config.eval_batch_size, model, device)
-    now = f"{config.eval_batch_size}" + (" = auto" if config.eval_batch_size == 0 else "")
-    return out_of_memory_as_error(
-        device, f"ranking the validation split ({rows:,} users a batch × {model.n_items + 1:,} items)",
-        f"set train.eval_batch_size below {rows} (now {now})")
-
-
 def training_memory(model_name: str, config: TrainConfig, device, max_len: int, parts: int, fixed: bool):
     """Out of memory in a training step → one line naming `train.batch_size` (and `micro_batches`)."""
     on = torch.device(device).type
@@ -117,6 +108,11 @@ def training_memory(model_name: str, config: TrainConfig, device, max_len: int, 
     return out_of_memory_as_error(
         device, f"training {model_name} ({config.batch_size} sequences of up to {max_len} events a step)",
         f"lower train.batch_size (now {config.batch_size}){split}")
+
+
+def validation_memory(model, config: TrainConfig, device):
+    """Out of memory while ranking the validation split → one line naming `train.eval_batch_size`."""
+    return scoring_memory(model, config.eval_batch_size, "train.eval_batch_size", device, "validation")
 
 
 def validation_inputs(model, data: SequenceData, config: TrainConfig, device) -> RankingInputs:
@@ -187,7 +183,7 @@ def train_model(
     curve_rows: list[dict] = []
 
     curve_path = curve_path if world.is_main else None  # only rank 0 writes
-    average: WeightAverage | None = None  # train.ema: what validation, the checkpoint and the test score
+    scored = model  # what validation, the checkpoint and so the test score (train.ema: the weights' average)
 
     def checkpoint(epoch: int, valid: dict) -> None:
         if not world.is_main:
@@ -195,13 +191,13 @@ def train_model(
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)}
         if init is not None:
             extra["init"] = init
-        save_checkpoint(out_dir, average.module if average is not None else model,
-                        dataset_fingerprint=fingerprint, item_ids=item_ids, user_ids=user_ids, extra=extra)
+        save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,
+                        user_ids=user_ids, extra=extra)
 
-    with scoring_memory(model, cfg, device):
+    with validation_memory(model, cfg, device):
         valid_inputs = validation_inputs(model, data, cfg, device)
     if not model.trainable:
-        with scoring_memory(model, cfg, device):
+        with validation_memory(model, cfg, device):
             valid = validate(model, valid_inputs)
         checkpoint(0, valid)
         row = {"epoch": 0, "loss": float("nan"), f"valid_{SELECTION_METRIC}": valid[SELECTION_METRIC],
@@ -223,7 +219,8 @@ def train_model(
     optimizer = make_optimizer(model, cfg, device)
     fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
     average = WeightAverage(model, cfg.ema) if cfg.ema > 0 else None
-    scored = average.module if average is not None else model
+    if average is not None:
+        scored = average.module
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = Resume(Path(resume_root or RESUME), model_name,
                      run_key(model_name, model_config, cfg, fingerprint, init))
@@ -277,7 +274,7 @@ def train_model(
                     # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from
                     # it (and, under cuda_graph, look like a rate change: a needless recapture).
                     done = state["steps"] + 1 == cfg.warmup_steps
-                    share = 1.0 if done else (state["steps"] + 1) / cfg.warmup_steps
+                    share = (state["steps"] + 1) / cfg.warmup_steps
                     for group in optimizer.param_groups:
                         group["lr"] = state["lr"] if done else state["lr"] * share
                 rows = flat[bounds[b] : bounds[b + 1]]
@@ -304,7 +301,7 @@ def train_model(
                                 f"lower train.lr (now {rate}) or set train.grad_clip (now {cfg.grad_clip:g})")
         state["sequences"] += len(spans)
         train_seconds = time.perf_counter() - epoch_start
-        with scoring_memory(model, cfg, device):
+        with validation_memory(model, cfg, device):
             valid = validate(scored, valid_inputs)
         valid_seconds = time.perf_counter() - epoch_start - train_seconds
         now = time.perf_counter() - started + time_offset

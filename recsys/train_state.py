@@ -30,6 +30,17 @@ class WeightAverage:
         torch._foreach_lerp_(self._average, self._live, 1.0 - self.decay)
 
 
+def _prefixed(prefix: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's state as CPU tensors named `<prefix>.<key>` (several modules in one safetensors file)."""
+    return {f"{prefix}.{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+
+
+def _load_prefixed(module: torch.nn.Module, tensors: dict[str, torch.Tensor], prefix: str, device) -> None:
+    """`_prefixed`'s inverse: the `<prefix>.` tensors back into `module`, on `device`."""
+    head = f"{prefix}."
+    module.load_state_dict({k[len(head):]: v.to(device) for k, v in tensors.items() if k.startswith(head)})
+
+
 class Resume:
     """Full trainer state after an epoch, as safetensors + JSON, in `<root>/<model>-<run key>`.
 
@@ -47,10 +58,9 @@ class Resume:
         tmp = self.dir.with_name(self.dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        tensors = _prefixed("model", model)
         if average is not None:
-            tensors.update({f"ema.{k}": v.detach().cpu().contiguous()
-                            for k, v in average.module.state_dict().items()})
+            tensors.update(_prefixed("ema", average.module))
         opt = optimizer.state_dict()
         for pid, pstate in opt["state"].items():
             for name, value in pstate.items():
@@ -68,10 +78,9 @@ class Resume:
             return None
         tensors = load_file(str(self.dir / "state.safetensors"))
         state = json.loads((self.dir / "state.json").read_text())
-        model.load_state_dict({k[6:]: v.to(device) for k, v in tensors.items() if k.startswith("model.")})
+        _load_prefixed(model, tensors, "model", device)
         if average is not None:  # the run key includes train.ema: a state with an average has one saved
-            average.module.load_state_dict({k[4:]: v.to(device) for k, v in tensors.items()
-                                            if k.startswith("ema.")})
+            _load_prefixed(average.module, tensors, "ema", device)
         optim_state: dict[int, dict] = {}
         for key, value in tensors.items():
             if key.startswith("optim."):

@@ -50,6 +50,17 @@ def subprocess_env(prefect_home: Path | None = None) -> dict[str, str]:
     return env
 
 
+def train_stage(root: Path, params: Path, extra_env: dict[str, str] | None = None,
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """SASRec's train stage in `root` as `dvc repro` runs it (`python -m recsys.train`): one torch thread, and
+    no injected fault (`RECSYS_FAULT`) unless `extra_env` sets one."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RECSYS_FAULT", None)
+    return subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
+                           "--root", str(root)], cwd=root, env={**env, **(extra_env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
 TELEMETRY_ENV = ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "GX_ANALYTICS_ENABLED")
 
 

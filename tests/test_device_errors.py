@@ -5,13 +5,11 @@ no retry by the flows (the same settings fail the same way)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
+from flow_support import train_stage
 
 from recsys.device import DeviceError, is_out_of_memory, out_of_memory_as_error, resolve_device
 from recsys.entry import is_transient, is_user_error
@@ -32,6 +30,21 @@ def test_running_out_of_memory_becomes_one_line_naming_the_setting():
                         message), message
     assert is_out_of_memory(caught.value.__cause__)  # the allocator's own error stays for --verbose
     assert is_user_error(caught.value) and not is_transient(caught.value)
+
+
+def test_ranking_out_of_memory_names_the_scoring_batch_and_its_setting(tiny_sasrec_config):
+    """One guard for every ranking (validation: train.eval_batch_size; the evaluate stage and the gate's
+    re-scoring: evaluate.batch_size), with the batch an automatic setting resolved to."""
+    from recsys.models.sasrec import SASRec
+    from recsys.ranking import scoring_memory
+
+    model = SASRec(tiny_sasrec_config, n_items=30, n_users=5)
+    with pytest.raises(DeviceError) as caught:
+        with scoring_memory(model, 0, "evaluate.batch_size", "cpu", "test"):
+            torch.empty(IMPOSSIBLE)
+    assert re.fullmatch(r"out of memory ranking the test split \(512 users a batch × 31 items\) on the CPU "
+                        r"\([0-9.]+ of [0-9.]+ GiB available\): set evaluate.batch_size below 512 "
+                        r"\(now 0 = auto\)", str(caught.value)), str(caught.value)
 
 
 def test_other_runtime_errors_pass_through_the_guard():
@@ -60,16 +73,6 @@ def test_a_diverging_loss_is_a_user_error_naming_the_learning_rate(tiny_prepared
     assert is_user_error(caught.value) and not is_transient(caught.value)
 
 
-
-def _stage(root, params):
-    """The train stage as `dvc repro` runs it."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RECSYS_FAULT", None)
-    stage = [sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
-             "--root", str(root)]
-    return subprocess.run(stage, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-
-
 def _one_error_line(failed) -> str:
     assert failed.returncode == 1, failed.stderr[-2000:]
     assert "Traceback" not in failed.stderr, failed.stderr[-2000:]
@@ -84,12 +87,12 @@ def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepar
     save(tiny_prepared, tmp_path / "artifacts" / "prepared")
     params = write_params({"train": {"epochs": 1, "batch_size": 256},
                            "sasrec": {"loss": "sampled_ce", "n_negatives": 10**11}})
-    last = _one_error_line(_stage(tmp_path, params))
+    last = _one_error_line(train_stage(tmp_path, params))
     assert last.startswith("error: out of memory training sasrec (256 sequences of up to 20 events a step) "
                            "on the CPU ("), last
     advice = "lower train.batch_size (now 256) or raise train.micro_batches (now 8 a step on cpu)"
     assert last.endswith(advice), last
     assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()  # nothing half-written
     if not torch.cuda.is_available():
-        last = _one_error_line(_stage(tmp_path, write_params({"train": {"device": "cuda"}})))
+        last = _one_error_line(train_stage(tmp_path, write_params({"train": {"device": "cuda"}})))
         assert last.startswith("error: train.device is 'cuda' but torch "), last

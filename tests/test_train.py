@@ -442,21 +442,15 @@ def test_a_training_stage_killed_after_an_epoch_resumes_to_the_same_model(tiny_p
     """kill -9 (`RECSYS_FAULT`) right after epoch 1's state is saved, in the stage as `dvc repro` runs it;
     the rerun resumes from epoch 1 and ends with the model, curve and metrics of an uninterrupted run, and
     leaves no resume state or temp folder behind (issue 16)."""
-    import os
-    import subprocess
-    import sys
+    from flow_support import train_stage
 
     from recsys.prepare import save
 
     params = write_params({"train": {"epochs": 3}})
     roots = {name: tmp_path / name for name in ("straight", "killed")}
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RECSYS_FAULT", None)
 
     def stage(root, extra_env=None):
-        return subprocess.run([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params", str(params),
-                               "--root", str(root)], cwd=root, env={**env, **(extra_env or {})},
-                              capture_output=True, text=True, timeout=600)
+        return train_stage(root, params, extra_env)
 
     for root in roots.values():
         save(tiny_prepared, root / "artifacts" / "prepared")
