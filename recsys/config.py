@@ -8,6 +8,7 @@ with a nested `train:` mapping that overrides the global `train` section for tha
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -75,6 +76,12 @@ class TrainConfig:
     lr_decay_patience: int = 5
     # Linear learning-rate warm-up over this many optimiser steps (0 = none).
     warmup_steps: int = 0
+    # The rate over a run of `epochs` epochs, set at the start of each epoch: "constant", or decayed from
+    # `lr` in epoch 1 towards lr × lr_final after epoch `epochs` along a "cosine" or "linear" curve (a
+    # budgeted run: set `epochs` to the budget, and patience to it or more). A pure function of the epoch, so a resumed
+    # run continues the same curve; warm-up and lr_decay act on top of it.
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr_final: float = 0.0
     # Early stopping may not end a cold run before this epoch (a slow start is not a plateau); a warm start
     # has its own floor, warm_min_epochs.
     min_epochs: int = 0
@@ -122,9 +129,23 @@ class TrainConfig:
         power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[self.lr_scaling]
         return self.lr * (self.batch_size / self.lr_reference_batch) ** power
 
+    def schedule_factor(self, epoch: int) -> float:
+        """`lr_schedule`'s share of the rate in `epoch` (1-based): lr_final + (1 − lr_final)·f(t), t = (epoch −
+        1) / epochs, f falling from 1 at t = 0 to 0 at t = 1 — reached after the last epoch, so none trains at
+        lr_final itself (PyTorch's CosineAnnealingLR with T_max = epochs, stepped once an epoch). 1 for
+        "constant"."""
+        if self.lr_schedule == "constant":
+            return 1.0
+        t = min(max(epoch - 1, 0) / self.epochs, 1.0)
+        f = 0.5 * (1.0 + math.cos(math.pi * t)) if self.lr_schedule == "cosine" else 1.0 - t
+        return self.lr_final + (1.0 - self.lr_final) * f
+
     def __post_init__(self) -> None:
         if not 0.0 < self.lr_decay <= 1.0:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
+        if not 0.0 <= self.lr_final <= 1.0:
+            raise ValueError(f"train.lr_final must be in [0, 1] (the last epoch's share of train.lr under "
+                             f"lr_schedule), got {self.lr_final}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
         for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):

@@ -268,15 +268,17 @@ def train_model(
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
         bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
+        # The epoch's rate: state["lr"] (lr_decay's, kept by the resume state) along train.lr_schedule. One rate
+        # an epoch, so a cuda_graph step recaptures at most once an epoch.
+        rate = state["lr"] * cfg.schedule_factor(epoch)
+        _set_lr(optimizer, rate)
         with training_memory(model_name, cfg, device, max_len, parts, fixed is not None):
             for b, micro in enumerate(steps):
                 if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
                     # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from
                     # it (and, under cuda_graph, look like a rate change: a needless recapture).
                     done = state["steps"] + 1 == cfg.warmup_steps
-                    share = (state["steps"] + 1) / cfg.warmup_steps
-                    for group in optimizer.param_groups:
-                        group["lr"] = state["lr"] if done else state["lr"] * share
+                    _set_lr(optimizer, rate if done else rate * (state["steps"] + 1) / cfg.warmup_steps)
                 rows = flat[bounds[b] : bounds[b + 1]]
                 if fixed is not None:
                     total_loss += fixed(rows)
@@ -289,8 +291,7 @@ def train_model(
                 if bar is not None:
                     bar.update(1)
         if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
-            for group in optimizer.param_groups:
-                group["lr"] = state["lr"]
+            _set_lr(optimizer, rate)
         epoch_loss = float(world.mean(total_loss)) / len(plan)  # the epoch's one host sync
         if bar is not None:
             bar.set_postfix(loss=f"{epoch_loss:.4f}")
@@ -326,8 +327,7 @@ def train_model(
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
                 # state["lr"] (kept by the resume state) is the rate after decay, before any warm-up factor.
                 state["lr"] *= cfg.lr_decay
-                for group in optimizer.param_groups:
-                    group["lr"] = state["lr"]
+                _set_lr(optimizer, state["lr"] * cfg.schedule_factor(epoch))
                 state["since_decay"] = 0
                 log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
         state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
@@ -357,6 +357,11 @@ def train_model(
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
         cpu_seconds=cpu_seconds, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = rate
 
 
 def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Adam:

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 import pickle
 
 import pandas as pd
@@ -591,8 +592,6 @@ def test_damaged_checkpoint_is_a_checkpoint_error(saved, damage):
 
 def test_warmup_ramps_the_learning_rate_linearly_then_holds_it(tiny_prepared, tiny_sasrec_config,
                                                                fast_train_config, tmp_path):
-    import math
-
     from recsys.sequences import SequenceData
 
     n_spans = len(SequenceData.from_prepared(tiny_prepared).train_spans(tiny_sasrec_config.max_len))
@@ -642,8 +641,47 @@ def test_learning_rate_scales_with_batch_size(scaling, expected):
     assert cfg.effective_lr == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("schedule,expected", [
+    ("constant", [1.0, 1.0, 1.0, 1.0, 1.0]),
+    ("linear", [1.0, 0.775, 0.55, 0.325, 0.1]),  # 0.1 + 0.9·(1 − t), t = (epoch − 1)/4; epoch 5: past the budget
+    ("cosine", [1.0, 0.1 + 0.9 * (0.5 + 0.5 * math.cos(math.pi / 4)), 0.55,
+                0.1 + 0.9 * (0.5 - 0.5 * math.cos(math.pi / 4)), 0.1]),
+])
+def test_lr_schedule_factor_falls_from_one_to_lr_final_over_the_epochs(schedule, expected):
+    cfg = TrainConfig(epochs=4, lr_schedule=schedule, lr_final=0.1)
+    assert [cfg.schedule_factor(e) for e in range(1, 6)] == pytest.approx(expected)
+
+
+def test_lr_schedule_sets_each_epochs_rate_and_a_resumed_run_keeps_the_curve(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path):
+    """The rate of every epoch follows the cosine; warm-up ramps up to the epoch's scheduled rate, not to
+    train.lr; a run interrupted after epoch 2 resumes on the same curve, bit for bit."""
+    cfg = dataclasses.replace(fast_train_config, epochs=4, patience=10, lr=0.01, lr_schedule="cosine",
+                              lr_final=0.0)
+    whole = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "whole")
+    lrs = [float(r["lr"]) for r in read_curve(tmp_path / "whole" / "curve.csv")]
+    assert lrs == pytest.approx([0.01 * (0.5 + 0.5 * math.cos(math.pi * e / 4)) for e in range(4)])
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "cut", on_epoch=Interrupt(at=2))
+    resumed = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "cut")
+    assert read_curve(tmp_path / "cut" / "curve.csv")[-1]["loss"] == read_curve(
+        tmp_path / "whole" / "curve.csv")[-1]["loss"]
+    assert resumed.best_valid == whole.best_valid
+    # Warm-up that ends one step into epoch 3 of a linear schedule ramps towards each epoch's scheduled rate.
+    from recsys.sequences import SequenceData
+
+    n_spans = len(SequenceData.from_prepared(tiny_prepared).train_spans(tiny_sasrec_config.max_len))
+    per_epoch = math.ceil(n_spans / cfg.batch_size)
+    warmup = 2 * per_epoch + 1
+    warm = dataclasses.replace(cfg, lr_schedule="linear", warmup_steps=warmup)
+    run(tiny_prepared, tiny_sasrec_config, warm, tmp_path / "warm")
+    assert [float(r["lr"]) for r in read_curve(tmp_path / "warm" / "curve.csv")] == pytest.approx(
+        [0.01 * per_epoch / warmup, 0.0075 * 2 * per_epoch / warmup, 0.005, 0.0025])
+
+
 def test_schedule_settings_are_validated():
-    for bad in ({"warmup_steps": -1}, {"min_epochs": -2}, {"batch_size": 0}):
+    for bad in ({"warmup_steps": -1}, {"min_epochs": -2}, {"batch_size": 0}, {"lr_final": 1.5},
+                {"lr_final": -0.1}):
         with pytest.raises(ValueError, match="train"):
             TrainConfig(**bad)
 
