@@ -12,8 +12,9 @@ What it takes: every shape fixed, and nothing that waits for the device.
   softmax at every position, not only its masked ones: more arithmetic, on a GPU cheaper than the launches).
   MOJITO's time encoder uses fixed-size tables off the CPU (recsys/models/mojito.py).
 - Gradient clipping and Adam (fused, `capturable`) run on the device.
-- The learning rate is baked into the graph. A step at another rate (warm-up, decay) runs eagerly; the step
-  after a rate change recaptures.
+- The learning rate is a tensor on the device that the captured optimiser step reads at every replay (fused
+  Adam takes a Tensor `lr`): warm-up, `lr_schedule` and `lr_decay` write new values into it (`set_rate`), so a
+  rate change neither runs eagerly nor recaptures. One capture a run.
 
 The step gives the update the eager step would on the same rows: one batch and one mean over its real
 targets (tests/test_step_graph.py). It does not give the eager step's micro-batches, so on a CPU it costs a
@@ -52,10 +53,8 @@ class FixedShapeStep:
         self.loss = torch.zeros((), device=device)
         self.graphed = device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.graph_lr: float | None = None
         self.eager_steps = 0
-        self.last_lr: float | None = None
-        self.captures = 0  # graphs captured (a rate change recaptures)
+        self.captures = 0  # graphs captured: one a run
         self.stream = torch.cuda.Stream(device) if self.graphed else None
 
     def _fill(self, rows: torch.Tensor) -> None:
@@ -87,20 +86,18 @@ class FixedShapeStep:
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         self._fill(rows)
-        lr = float(self.optimizer.param_groups[0]["lr"])
         if not self.graphed:
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
             return self.loss
-        if self.graph is not None and lr != self.graph_lr:
-            self.graph = None  # the rate changed (warm-up, decay): eager until it holds still, then recapture
-        stable = lr == self.last_lr
-        self.last_lr = lr
-        if self.graph is None and (self.eager_steps < EAGER_BEFORE_CAPTURE or not stable):
-            self._eager()
-            return self.loss
         if self.graph is None:
-            self._capture(lr)
+            # Here, not at construction: a resumed run's optimiser state (loaded after this object exists)
+            # brings its rate back as a number.
+            hold_rate_as_tensor(self.optimizer, self.device)
+            if self.eager_steps < EAGER_BEFORE_CAPTURE:
+                self._eager()
+                return self.loss
+            self._capture()
         self.graph.replay()
         return self.loss
 
@@ -113,7 +110,7 @@ class FixedShapeStep:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.eager_steps += 1
 
-    def _capture(self, lr: float) -> None:
+    def _capture(self) -> None:
         # Gradients set to None before capture: backward then allocates them from the graph's private pool,
         # and each replay writes them afresh (PyTorch's whole-network capture recipe).
         self.optimizer.zero_grad(set_to_none=True)
@@ -127,7 +124,31 @@ class FixedShapeStep:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             raise ConfigError(f"train.cuda_graph: the training step could not be captured as a CUDA graph "
                               f"({first}); set train.cuda_graph: false") from err
-        self.graph, self.graph_lr = graph, lr
+        self.graph = graph
         self.captures += 1
-        log.info("cuda_graph: captured the training step (batch %d, width %d, lr %.3g; capture %d)",
-                 self.rows.shape[0], self.width, lr, self.captures)
+        log.info("cuda_graph: captured the training step (batch %d, width %d; capture %d)",
+                 self.rows.shape[0], self.width, self.captures)
+
+
+def hold_rate_as_tensor(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Each param group's learning rate as a 0-d float32 tensor on `device` (once; a tensor stays as it is),
+    so that a captured step reads the rate at replay instead of baking in the number it was captured with."""
+    for group in optimizer.param_groups:
+        if not isinstance(group["lr"], torch.Tensor):
+            group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+
+
+def set_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    """Every param group's learning rate: written into a rate held as a tensor (no host sync, and a captured
+    step sees it), else assigned."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(rate)
+        else:
+            group["lr"] = rate
+
+
+def current_rate(optimizer: torch.optim.Optimizer) -> float:
+    """The first param group's learning rate as a number (a host sync when it is held as a CUDA tensor: call
+    it once an epoch, not in the step loop)."""
+    return float(optimizer.param_groups[0]["lr"])

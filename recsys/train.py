@@ -38,7 +38,7 @@ from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
-from recsys.step_graph import FixedShapeStep
+from recsys.step_graph import FixedShapeStep, current_rate, set_rate
 from recsys.train_state import Resume, WeightAverage
 from recsys.warm import start as initialise
 
@@ -268,17 +268,15 @@ def train_model(
         bounds = np.cumsum([0] + [len(rows) for rows in plan])
         bar = _progress(cfg.progress if world.is_main else "off", len(plan), f"{model_name} epoch {epoch}")
         total_loss, epoch_start = torch.zeros((), device=device), time.perf_counter()
-        # The epoch's rate: state["lr"] (lr_decay's, kept by the resume state) along train.lr_schedule. One rate
-        # an epoch, so a cuda_graph step recaptures at most once an epoch.
+        # The epoch's rate: state["lr"] (lr_decay's, kept by the resume state) along train.lr_schedule.
         rate = state["lr"] * cfg.schedule_factor(epoch)
-        _set_lr(optimizer, rate)
+        set_rate(optimizer, rate)
         with training_memory(model_name, cfg, device, max_len, parts, fixed is not None):
             for b, micro in enumerate(steps):
                 if cfg.warmup_steps and state["steps"] < cfg.warmup_steps:
-                    # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from
-                    # it (and, under cuda_graph, look like a rate change: a needless recapture).
+                    # The last warm-up step sets the rate itself, not lr·w/w, which can be a float away from it.
                     done = state["steps"] + 1 == cfg.warmup_steps
-                    _set_lr(optimizer, rate if done else rate * (state["steps"] + 1) / cfg.warmup_steps)
+                    set_rate(optimizer, rate if done else rate * (state["steps"] + 1) / cfg.warmup_steps)
                 rows = flat[bounds[b] : bounds[b + 1]]
                 if fixed is not None:
                     total_loss += fixed(rows)
@@ -291,7 +289,7 @@ def train_model(
                 if bar is not None:
                     bar.update(1)
         if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
-            _set_lr(optimizer, rate)
+            set_rate(optimizer, rate)
         epoch_loss = float(world.mean(total_loss)) / len(plan)  # the epoch's one host sync
         if bar is not None:
             bar.set_postfix(loss=f"{epoch_loss:.4f}")
@@ -311,7 +309,7 @@ def train_model(
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
         row = {"epoch": epoch, "loss": epoch_loss, f"valid_{SELECTION_METRIC}": score,
-               "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": optimizer.param_groups[0]["lr"]}
+               "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": current_rate(optimizer)}
         curve_rows.append(row)
         # train_s + valid_s against the curve's `seconds` steps: what an epoch spends saving and logging.
         log.info("epoch=%d model=%s loss=%.4f valid_ndcg@10=%.4f valid_hr@10=%.4f best=%s train_s=%.3g "
@@ -327,9 +325,9 @@ def train_model(
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
                 # state["lr"] (kept by the resume state) is the rate after decay, before any warm-up factor.
                 state["lr"] *= cfg.lr_decay
-                _set_lr(optimizer, state["lr"] * cfg.schedule_factor(epoch))
+                set_rate(optimizer, state["lr"] * cfg.schedule_factor(epoch))
                 state["since_decay"] = 0
-                log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, optimizer.param_groups[0]["lr"])
+                log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, current_rate(optimizer))
         state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         if world.is_main:
@@ -357,11 +355,6 @@ def train_model(
         sequences_per_second=state["sequences"] / max(seconds, 1e-9), checkpoint=out_dir, stopped_by=stopped_by,
         cpu_seconds=cpu_seconds, cpu_seconds_to_best=state["cpu_seconds_to_best"],
     )
-
-
-def _set_lr(optimizer: torch.optim.Optimizer, rate: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = rate
 
 
 def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim.Adam:

@@ -68,7 +68,10 @@ class Resume:
         tensors["rng.torch"] = torch.get_rng_state()
         tensors["rng.generator"] = generator.get_state()
         save_file(tensors, str(tmp / "state.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({**state, "param_groups": opt["param_groups"]}))
+        # A rate held as a tensor (train.cuda_graph: recsys.step_graph) is saved as the number it holds.
+        groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
+                  for group in opt["param_groups"]]
+        (tmp / "state.json").write_text(json.dumps({**state, "param_groups": groups}))
         shutil.rmtree(self.dir, ignore_errors=True)
         tmp.rename(self.dir)
 

@@ -171,3 +171,48 @@ def test_the_fixed_shape_step_has_no_operator_that_waits_for_the_device(tiny_pre
     with _WaitingOps() as scoring:
         inputs.ranks(model)
     assert scoring.found == []
+
+
+def test_a_rate_held_as_a_tensor_steps_as_the_number_and_is_resumed_as_one(tiny_prepared, tmp_path):
+    """A captured step reads its learning rate from a tensor (`hold_rate_as_tensor`), so that warm-up,
+    lr_schedule and lr_decay change it by writing into it (`set_rate`) instead of recapturing. Here with fused
+    Adam on the CPU (which takes a Tensor lr as CUDA's does): the same weights, step after step at changing
+    rates, as with the rate as a number; the resume state saves the held rate as a number, and loading it
+    gives back a working optimiser."""
+    from recsys.step_graph import current_rate, hold_rate_as_tensor, set_rate
+    from recsys.train_state import Resume
+
+    config, data, tensors, plan = _setup(tiny_prepared, 24)
+    models = {}
+    for held in (False, True):
+        torch.manual_seed(0)
+        model = build_model("sasrec", config, data.n_items, data.n_users)
+        model.fit_statistics(data.train_items())
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.98), fused=True)
+        step = FixedShapeStep(model, optimizer, tensors, 24, device=torch.device("cpu"))
+        if held:
+            hold_rate_as_tensor(optimizer, torch.device("cpu"))
+            lr = optimizer.param_groups[0]["lr"]
+            assert isinstance(lr, torch.Tensor) and lr.dtype == torch.float32
+        for rows, rate in zip(plan[:3], (1e-2, 3e-3, 0.0)):
+            set_rate(optimizer, rate)
+            step(torch.from_numpy(rows))
+        assert current_rate(optimizer) == 0.0
+        if held:
+            assert optimizer.param_groups[0]["lr"] is lr  # written into, not replaced
+        models[held] = (model, optimizer)
+    for (name, a), b in zip(models[False][0].state_dict().items(), models[True][0].state_dict().values()):
+        assert torch.equal(a, b), name
+
+    model, optimizer = models[True]
+    set_rate(optimizer, 2e-3)
+    resume = Resume(tmp_path, "sasrec", "key")
+    resume.save(model, optimizer, torch.Generator(), {"epoch": 3})
+    fresh = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), fused=True)
+    assert resume.load(model, fresh, torch.Generator(), torch.device("cpu"))["epoch"] == 3
+    assert fresh.param_groups[0]["lr"] == pytest.approx(2e-3)
+    step = FixedShapeStep(model, fresh, tensors, 24, device=torch.device("cpu"))
+    before = model.item_emb.weight.detach().clone()
+    step(torch.from_numpy(plan[0]))
+    assert not torch.equal(before, model.item_emb.weight)
