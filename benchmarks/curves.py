@@ -242,15 +242,32 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
     def in_budget(r: dict) -> bool:  # a run the BUDGET_S clock stopped (--max-minutes 0.1667)
         return bool(r["train"].get("max_minutes")) and r["train"]["max_minutes"] * 60 <= BUDGET_S + 1
 
-    def budget_setting(r: dict) -> str:  # a budget row's batch size, and whether its step was a CUDA graph
-        return f"batch {r['train']['batch_size']}" + (", cuda_graph" if r["train"].get("cuda_graph") else "")
+    def budget_setting(r: dict) -> str:
+        """A budget row's batch size, whether its step was a CUDA graph, and a rate or schedule other than the
+        defaults' — what tells its runs apart in the verdict (the seeds of one run share it)."""
+        t = r["train"]
+        text = f"batch {t['batch_size']}" + (", cuda_graph" if t.get("cuda_graph") else "")
+        power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[t.get("lr_scaling", "none")]
+        rate = t.get("lr", 1e-3) * (t["batch_size"] / t.get("lr_reference_batch", 128)) ** power
+        if abs(rate - 1e-3) > 1e-12:
+            text += f", lr {rate:.3g}"
+        if t.get("warmup_steps"):
+            text += f", warm-up {t['warmup_steps']}"
+        if t.get("lr_schedule", "constant") != "constant":
+            text += f", {t['lr_schedule']} over {t['epochs']} epochs"
+        return text
 
     budget = [r for r in gpu_rows if in_budget(r)]
-    by_batch: dict[tuple[str, str], list[dict]] = {}
-    for r in sorted(budget, key=lambda r: (r["train"].get("cuda_graph", False), r["train"]["batch_size"])):
-        by_batch.setdefault((r["dataset"], budget_setting(r)), []).append(r)
+    by_batch: dict[tuple[str, str], list[dict]] = {}  # one entry per run (its seeds), named by its setting
+    for r in sorted(budget, key=lambda r: (r["train"].get("cuda_graph", False), r["train"]["batch_size"],
+                                           r["run"])):
+        by_batch.setdefault((r["dataset"], r["run"]), []).append(r)
     for dataset, (target, _) in TARGETS.items():
-        batches = {b: rs for (d, b), rs in by_batch.items() if d == dataset}
+        batches: dict[str, list[dict]] = {}
+        for (d, run), rs in by_batch.items():
+            if d == dataset:  # two runs the setting does not tell apart are named by their run strings
+                label = budget_setting(rs[0])
+                batches[label if label not in batches else f"{label} (`{run}`)"] = rs
         if not batches:
             continue
         best_b, best = max(batches.items(), key=lambda kv: np.mean([r["test_ndcg@10"] for r in kv[1]]))

@@ -111,6 +111,13 @@ def test_gpu_budget_rows_with_a_cuda_graph_are_a_setting_of_their_own():
             "validation_seconds": 0.014, "train_sequences_per_second": 9e4}
     text = curves.gpu_tables([eager, graphed], [step])
     assert "batch 512: 0.1300 (1 seed); batch 512, cuda_graph: 0.1900 (1 seed) | met |" in text
+    # Another rate or an lr_schedule at the same batch is a run of its own, named by what differs.
+    fast = _gpu_row(f"{base},batch_size=512,lr=0.003,lr_schedule=cosine,epochs=40", 42, 0.15, 10.0, 10.0, 512,
+                    0.1667)
+    fast["train"].update(lr=0.003, lr_schedule="cosine", epochs=40)
+    text = curves.gpu_tables([eager, fast], [step])
+    assert ("batch 512: 0.1300 (1 seed); batch 512, lr 0.003, cosine over 40 epochs: 0.1500 (1 seed) "
+            "| **not met**: 0.038 short (best: batch 512, lr 0.003, cosine over 40 epochs) |") in text
     assert "(c, batch 128, loss chunk 64M, CUDA graph) | 0.014 s" in text
 
 
