@@ -78,8 +78,8 @@ class TrainConfig:
     warmup_steps: int = 0
     # The rate over a run of `epochs` epochs, set at the start of each epoch: "constant", or decayed from
     # `lr` in epoch 1 towards lr × lr_final after epoch `epochs` along a "cosine" or "linear" curve (a
-    # budgeted run: set `epochs` to the budget, and patience to it or more). A pure function of the epoch, so a resumed
-    # run continues the same curve; warm-up and lr_decay act on top of it.
+    # budgeted run: set `epochs` to the budget, and patience to it or more). A pure function of the epoch,
+    # so a resumed run continues the same curve; warm-up and lr_decay act on top of it.
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
     lr_final: float = 0.0
     # Early stopping may not end a cold run before this epoch (a slow start is not a plateau); a warm start
@@ -144,8 +144,8 @@ class TrainConfig:
         if not 0.0 < self.lr_decay <= 1.0:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if not 0.0 <= self.lr_final <= 1.0:
-            raise ValueError(f"train.lr_final must be in [0, 1] (the last epoch's share of train.lr under "
-                             f"lr_schedule), got {self.lr_final}")
+            raise ValueError(f"train.lr_final must be in [0, 1] (the share of train.lr that lr_schedule decays "
+                             f"to by the end of the last epoch), got {self.lr_final}")
         if self.lr_decay_patience < 1:
             raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
         for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):

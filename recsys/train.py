@@ -323,7 +323,8 @@ def train_model(
             state["bad_epochs"] += 1
             state["since_decay"] += 1
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
-                # state["lr"] (kept by the resume state) is the rate after decay, before any warm-up factor.
+                # state["lr"] (kept by the resume state) is the rate after decay, before the warm-up and
+                # lr_schedule factors.
                 state["lr"] *= cfg.lr_decay
                 set_rate(optimizer, state["lr"] * cfg.schedule_factor(epoch))
                 state["since_decay"] = 0
