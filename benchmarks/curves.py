@@ -40,6 +40,14 @@ _MIN100 = f"{_WINDOWS_ALL},min_epochs=100"
 # The current SASRec defaults (params.yaml), spelled as a benchmark run; tests/test_benchmarks.py checks that
 # this run and the plain `sasrec` run build the same configuration.
 SASREC_DEFAULT_RUN = f"{_MIN100},batching=random"
+
+
+def budgeted_run(epochs: int, dim: int = 64, lr: float = 0.003) -> str:
+    """The SASRec defaults on a budget of `epochs` epochs (gpu_session.sh's `budgeted` at dim 64, lr 3e-3):
+    a 100-step warm-up to `lr`, then cosine down to 0 by the end of the last epoch; no early stop."""
+    width = f",dim={dim}" if dim != 64 else ""
+    return (f"{SASREC_DEFAULT_RUN}{width},lr={lr:g},warmup_steps=100,lr_schedule=cosine,epochs={epochs},"
+            f"patience={epochs},min_epochs=0")
 _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
 # The defaults with a longer patience instead of the epoch floor (the floor is a data-size setting).
 SASREC_P40 = "sasrec:ce@residual=reference,n_heads=2,patience=40,grad_clip=0,windows=all,batching=random"
@@ -103,6 +111,16 @@ ABLATION = (
      "BERT4Rec: validate, keep and test a moving average of the weights (decay 0.99 a step)"),
     (f"{SASREC_DEFAULT_RUN},ema=0.99", SASREC_DEFAULT_RUN,
      "validate, keep and test a moving average of the weights (decay 0.99 a step)"),
+    # Session 19: budgets of epochs for the GPU's 10-s target (train.lr_schedule), and the width that learns
+    # more per epoch (on a launch-bound GPU a wider model costs little more a step).
+    (budgeted_run(40), SASREC_DEFAULT_RUN,
+     "a budget of 40 epochs: lr 3e-3 after a 100-step warm-up, cosine down to 0 (train.lr_schedule)"),
+    (budgeted_run(60), SASREC_DEFAULT_RUN, "a budget of 60 epochs, the same schedule"),
+    (f"{SASREC_DEFAULT_RUN},lr=0.002", SASREC_DEFAULT_RUN, "lr 2e-3 (from 1e-3)"),
+    (f"{SASREC_DEFAULT_RUN},dim=128,lr=0.002,epochs=60,patience=60,min_epochs=0", SASREC_DEFAULT_RUN,
+     "dim 128 (from 64), lr 2e-3, a cap of 60 epochs at a constant rate"),
+    (budgeted_run(60, dim=128, lr=0.002), SASREC_DEFAULT_RUN,
+     "dim 128, a budget of 60 epochs: lr 2e-3 after a 100-step warm-up, cosine down to 0"),
 )
 
 

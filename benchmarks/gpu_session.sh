@@ -49,9 +49,12 @@ BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.
 MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
 BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
-# a budget of N epochs: lr 3e-3 after a 100-step warm-up, cosine down to 0 by the end of epoch N (the CPU runs'
-# strings, RESULTS session 19)
-budgeted() { echo "${SASREC},lr=0.003,warmup_steps=100,lr_schedule=cosine,epochs=$1,patience=$1,min_epochs=0"; }
+# `budgeted N [DIM] [LR]`: a budget of N epochs, a 100-step warm-up to LR (3e-3), cosine down to 0 by the end
+# of epoch N, width DIM (64) — benchmarks/curves.py budgeted_run, the CPU runs' strings (RESULTS session 19)
+budgeted() {
+  local width=""; [[ "${2:-64}" == 64 ]] || width=",dim=$2"
+  echo "${SASREC}${width},lr=${3:-0.003},warmup_steps=100,lr_schedule=cosine,epochs=$1,patience=$1,min_epochs=0"
+}
 
 run() { timeout --signal=INT "$LIMIT_S" "$PYTHON" "$@"; }
 
@@ -142,10 +145,11 @@ PY
       back
       # (session 16's curves: batch 128 at lr 1e-3 needs ~130 epochs to its best validation, the large
       # batches learn far less per epoch; so also twice the rate at batch 128, and at 256 — fewer steps —
-      # and, first, the budgeted cosine schedules measured on the CPU in session 19 (`budgeted`, 40 and 60
-      # epochs: whether the graphed step fits them in 10 s)
-      within 270 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
-        --work-dir "$WORK/graph-budget" --runs "$(budgeted 40),cuda_graph=true" \
+      # and, first, the budgeted cosine schedules measured on the CPU in session 19 (`budgeted`: 40 and 60
+      # epochs at dim 64 and at dim 128, which learns more an epoch: whether the graphed step fits them in 10 s)
+      within 300 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 \
+        --work-dir "$WORK/graph-budget" --runs "$(budgeted 60 128 0.002),cuda_graph=true" \
+        "$(budgeted 40 128 0.002),cuda_graph=true" "$(budgeted 40),cuda_graph=true" \
         "$(budgeted 60),cuda_graph=true" "${SASREC},batch_size=128,cuda_graph=true" \
         "${SASREC},batch_size=128,cuda_graph=true,lr=0.002" "${SASREC},batch_size=256,cuda_graph=true,lr=0.002" \
         "${BIG},batch_size=512,cuda_graph=true" "${BIG},batch_size=1024,cuda_graph=true" \

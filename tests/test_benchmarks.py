@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -298,6 +299,13 @@ def test_the_gpu_session_script_trains_todays_defaults():
     assert len(trains) >= 4
     for command in trains:
         assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
+    # the budgeted runs are curves.budgeted_run's strings, so the GPU rows meet the CPU's ablation rows
+    sasrec = next(line for line in script.splitlines() if line.startswith("SASREC="))
+    function = "budgeted() {" + script.split("\nbudgeted() {")[1].split("\n}\n")[0] + "\n}"
+    for args, want in (("40", curves.budgeted_run(40)), ("60 128 0.002", curves.budgeted_run(60, 128, 0.002))):
+        got = subprocess.run(["bash", "-c", f"{sasrec}\n{function}\nbudgeted {args}"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert got == want
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
