@@ -16,6 +16,7 @@ marked "not converged": a lower bound, not a verdict.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from results_md import mean_sd, replace_between  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from recsys.config import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
+
+TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}  # a row's train settings this code still has
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
 # GPU rows (benchmarks/gpu_session.sh, through bench_models.py --results) and bench_step.py's rows
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "models-gpu.json"
@@ -265,8 +271,7 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
         defaults' — what tells its runs apart in the verdict (the seeds of one run share it)."""
         t = r["train"]
         text = f"batch {t['batch_size']}" + (", cuda_graph" if t.get("cuda_graph") else "")
-        power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[t.get("lr_scaling", "none")]
-        rate = t.get("lr", 1e-3) * (t["batch_size"] / t.get("lr_reference_batch", 128)) ** power
+        rate = TrainConfig(**{k: v for k, v in t.items() if k in TRAIN_FIELDS}).effective_lr  # lr_scaling's
         if abs(rate - 1e-3) > 1e-12:
             text += f", lr {rate:.3g}"
         if t.get("warmup_steps"):
@@ -276,13 +281,13 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
         return text
 
     budget = [r for r in gpu_rows if in_budget(r)]
-    by_batch: dict[tuple[str, str], list[dict]] = {}  # one entry per run (its seeds), named by its setting
+    by_run: dict[tuple[str, str], list[dict]] = {}  # one entry per run (its seeds), named by its setting
     for r in sorted(budget, key=lambda r: (r["train"].get("cuda_graph", False), r["train"]["batch_size"],
                                            r["run"])):
-        by_batch.setdefault((r["dataset"], r["run"]), []).append(r)
+        by_run.setdefault((r["dataset"], r["run"]), []).append(r)
     for dataset, (target, _) in TARGETS.items():
         batches: dict[str, list[dict]] = {}
-        for (d, run), rs in by_batch.items():
+        for (d, run), rs in by_run.items():
             if d == dataset:  # two runs the setting does not tell apart are named by their run strings
                 label = budget_setting(rs[0])
                 batches[label if label not in batches else f"{label} (`{run}`)"] = rs

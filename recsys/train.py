@@ -288,8 +288,6 @@ def train_model(
                 state["steps"] += 1
                 if bar is not None:
                     bar.update(1)
-        if cfg.warmup_steps and state["steps"] >= cfg.warmup_steps:
-            set_rate(optimizer, rate)
         epoch_loss = float(world.mean(total_loss)) / len(plan)  # the epoch's one host sync
         if bar is not None:
             bar.set_postfix(loss=f"{epoch_loss:.4f}")
@@ -324,11 +322,10 @@ def train_model(
             state["since_decay"] += 1
             if cfg.lr_decay < 1.0 and state["since_decay"] >= cfg.lr_decay_patience:
                 # state["lr"] (kept by the resume state) is the rate after decay, before the warm-up and
-                # lr_schedule factors.
+                # lr_schedule factors; the next epoch's start sets the optimiser's rate from it.
                 state["lr"] *= cfg.lr_decay
-                set_rate(optimizer, state["lr"] * cfg.schedule_factor(epoch))
                 state["since_decay"] = 0
-                log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, current_rate(optimizer))
+                log.info("epoch=%d model=%s lr decayed to %.3g", epoch, model_name, state["lr"])
         state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         if world.is_main:
