@@ -74,6 +74,12 @@ BERT4REC_LIS01 = f"{BERT4REC_REF_HN},last_item_share=0.1"
 BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 # params.yaml's BERT4Rec since session 13 (tests/test_benchmarks.py checks that it builds exactly that).
 BERT4REC_DEFAULT_RUN = BERT4REC_LIS01
+# Session 20: the candidate defaults, width 128 at twice the rate (SASRec: +0.008 test NDCG@10 over three H100
+# seeds of ml-1m-half), and the two other models at the same width and rate, against which the claims would
+# stand if the candidate became the default (BERT4Rec's feed-forward kept at 4 × the width)
+SASREC_WIDE = f"{SASREC_DEFAULT_RUN},dim=128,lr=0.002"
+BERT4REC_WIDE = f"{BERT4REC_DEFAULT_RUN},dim=128,ffn_dim=512,lr=0.002"
+MOJITO_WIDE = f"{MOJITO_LONG},dim=128,lr=0.002"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -179,6 +185,7 @@ def converged(r: dict) -> bool:
 # Issue 11's SASRec targets (test NDCG@10, mean of ≥ 3 seeds) and the peer's figure under our protocol
 # (RecTools 0.19.0 SASRec, softmax CE, measured on an H100 as reported in the issue).
 TARGETS = {"ml-100k": (0.105, 0.1021), "ml-1m-half": (0.188, 0.1825)}
+TARGET_SEEDS = 3  # a target is judged on the mean of at least this many seeds
 
 
 def targets_table(all_rows: list[dict]) -> str:
@@ -191,9 +198,9 @@ def targets_table(all_rows: list[dict]) -> str:
             continue
         ndcg = [r["test_ndcg@10"] for r in rs]
         mean = float(np.mean(ndcg))
-        verdict = "met" if mean >= target and len(rs) >= 3 else "not met"
-        if len(rs) < 3:
-            verdict += f" ({len(rs)} of 3 seeds)"
+        verdict = "met" if mean >= target and len(rs) >= TARGET_SEEDS else "not met"
+        if len(rs) < TARGET_SEEDS:
+            verdict += f" ({len(rs)} of {TARGET_SEEDS} seeds)"
         verdict += f"; {mean / peer:.3f} × peer"
         stops = ", ".join(sorted({r["stopped_by"] for r in rs}))
         lines.append(f"| {dataset} | `{SASREC_DEFAULT_RUN}` | {len(rs)} | {mean_sd(ndcg, 4)} "
@@ -216,6 +223,8 @@ CLAIMS = (
     (BERT4REC_REF_HN, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_LIS01, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),
+    (MOJITO_WIDE, SASREC_WIDE, 1.00, 3.0),
+    (BERT4REC_WIDE, SASREC_WIDE, 0.90, 3.0),
     ("sasrec:gbce", SASREC_DEFAULT_RUN, 0.95, None),
     (f"sasrec:gbce@{_SASREC_SETTINGS}", SASREC_DEFAULT_RUN, 0.95, None),
 )
@@ -271,6 +280,8 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
         defaults' — what tells its runs apart in the verdict (the seeds of one run share it)."""
         t = r["train"]
         text = f"batch {t['batch_size']}" + (", cuda_graph" if t.get("cuda_graph") else "")
+        if r.get("config", {}).get("dim", 64) != 64:  # the model's width, where not the default's
+            text += f", dim {r['config']['dim']}"
         rate = TrainConfig(**{k: v for k, v in t.items() if k in TRAIN_FIELDS}).effective_lr  # lr_scaling's
         if abs(rate - 1e-3) > 1e-12:
             text += f", lr {rate:.3g}"
@@ -297,8 +308,13 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
         mean = float(np.mean([r["test_ndcg@10"] for r in best]))
         tried = "; ".join(f"{b}: {mean_sd([r['test_ndcg@10'] for r in rs], 4, ' (1 seed)')}"
                           for b, rs in batches.items())
-        verdict = ("met" if mean >= target
-                   else f"**not met**: {target - mean:.3f} short (best: {best_b})")
+        if mean < target:
+            verdict = f"**not met**: {target - mean:.3f} short (best: {best_b})"
+        elif len(best) < TARGET_SEEDS:  # the issue's targets are means of at least three seeds
+            verdict = (f"**not met yet**: {best_b} reaches it on {len(best)} of the {TARGET_SEEDS} seeds "
+                       "a target needs")
+        else:
+            verdict = f"met ({best_b}, {len(best)} seeds)"
         lines.append(f"| {dataset} SASRec test NDCG@10 ≥ {target} after {BUDGET_S:.0f} s of training "
                      f"| {tried} | {verdict} |")
     gpu_steps = [r for r in step_rows if r.get("device") == "cuda"]

@@ -111,7 +111,13 @@ def test_gpu_budget_rows_with_a_cuda_graph_are_a_setting_of_their_own():
             "loss_chunk_elements": 1 << 26, "fixed_shape": True, "cuda_graph": True,
             "validation_seconds": 0.014, "train_sequences_per_second": 9e4}
     text = curves.gpu_tables([eager, graphed], [step])
-    assert "batch 512: 0.1300 (1 seed); batch 512, cuda_graph: 0.1900 (1 seed) | met |" in text
+    assert ("batch 512: 0.1300 (1 seed); batch 512, cuda_graph: 0.1900 (1 seed) | **not met yet**: batch 512, "
+            "cuda_graph reaches it on 1 of the 3 seeds a target needs |") in text  # a mean of three seeds
+    more = [{**graphed, "seed": s, "test_ndcg@10": v} for s, v in ((43, 0.189), (44, 0.186))]
+    text = curves.gpu_tables([eager, graphed, *more], [step])
+    assert "batch 512, cuda_graph: 0.1883 ± 0.0021 | met (batch 512, cuda_graph, 3 seeds) |" in text
+    wide = {**graphed, "run": f"{graphed['run']},dim=128", "config": {"dim": 128}}  # the width tells runs apart
+    assert "batch 512, cuda_graph, dim 128: 0.1900 (1 seed)" in curves.gpu_tables([graphed, wide], [step])
     # Another rate or an lr_schedule at the same batch is a run of its own, named by what differs.
     fast = _gpu_row(f"{base},batch_size=512,lr=0.003,lr_schedule=cosine,epochs=40", 42, 0.15, 10.0, 10.0, 512,
                     0.1667)
@@ -306,6 +312,16 @@ def test_the_gpu_session_script_trains_todays_defaults():
         got = subprocess.run(["bash", "-c", f"{sasrec}\n{function}\nbudgeted {args}"], capture_output=True,
                              text=True, check=True).stdout.strip()
         assert got == want
+    # the candidate defaults at width 128 and the claims against them: the same strings as curves.py's
+    lines = [line for line in script.splitlines() if line.split("=")[0] in {"SASREC", "BERT4REC", "MOJITO"}]
+    for name in ("SASREC_WIDE", "BERT4REC_WIDE", "MOJITO_WIDE"):
+        got = subprocess.run(["bash", "-c", "\n".join([*lines, next(line for line in script.splitlines()
+                                                                    if line.startswith(f"{name}=")),
+                                                      f'echo "${name}"'])],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert got == getattr(curves, name)
+    quick = script.split("\n  quick)")[1].split(";;")[0]
+    assert all(f'"${name}' in quick for name in ("SASREC_WIDE", "BERT4REC_WIDE", "MOJITO_WIDE"))
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
