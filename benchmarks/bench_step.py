@@ -8,7 +8,12 @@ keyed by (dataset, model, commit), so the same command run at two commits compar
 older commit: check it out in a worktree, copy this script there, and pass `--results` pointing here).
 The model is freshly initialised: throughput does not depend on what it has learned. `--cuda-graph` times the
 fixed-shape step of `train.cuda_graph` instead (recsys/step_graph.py: one CUDA graph replay per step on CUDA,
-the same step run eagerly on a CPU).
+the same step run eagerly on a CPU). A model may be a run string as bench_models.py takes it
+(`'sasrec@dim=128'`: params.yaml with those settings; its rows are keyed by the run).
+
+`--profile N` then runs N more steps under `torch.profiler` and adds where a step's time goes to the row: the
+operators by their own device time (CUDA kernels; on a CPU, CPU time), per step. The fixed-shape step is
+profiled eagerly — the same kernels its graph replays, launched one by one so the profiler sees each.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_models import READERS, git_commit, machine, prepare_dataset  # noqa: E402
+from benchmarks.bench_models import READERS, configs_for, git_commit, machine, prepare_dataset  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model, losses  # noqa: E402
 from recsys.sequences import (  # noqa: E402
@@ -64,13 +69,13 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
     return sequences
 
 
-def step_setup(name: str, data: SequenceData, params, n_batches: int | None, device: torch.device,
+def step_setup(run: str, data: SequenceData, params, n_batches: int | None, device: torch.device,
                batch_size: int = 0, cuda_graph: bool = False, batching: str | None = None):
-    """A freshly initialised model `name` with the trainer's Adam, its training spans resident on `device` as
-    the trainer keeps them, and the first `n_batches` (None: all) batches of the trainer's epoch plan;
-    `batch_size` 0 and `batching` None: the model's own (params.yaml). Returns (train config, model, optimiser,
-    tensors, batches)."""
-    model_config, train_config = params.model_config(name), params.train_config(name)
+    """A freshly initialised model `run` (a name, or a run string: `sasrec@dim=128`) with the trainer's Adam,
+    its training spans resident on `device` as the trainer keeps them, and the first `n_batches` (None: all)
+    batches of the trainer's epoch plan; `batch_size` 0 and `batching` None: the run's own. Returns (train
+    config, model, optimiser, tensors, batches)."""
+    name, model_config, train_config = configs_for(run, params)
     train_config = dataclasses.replace(train_config, batch_size=batch_size or train_config.batch_size,
                                        cuda_graph=cuda_graph, batching=batching or train_config.batching)
     torch.manual_seed(0)
@@ -82,11 +87,12 @@ def step_setup(name: str, data: SequenceData, params, n_batches: int | None, dev
     return train_config, model, optimizer, tensors, batches
 
 
-def measure(name: str, data: SequenceData, params, n_batches: int, device: torch.device,
+def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.device,
             batch_size: int = 0, cuda_graph: bool = False) -> dict:
     """`batch_size` 0: the model's own (params.yaml); `cuda_graph`: the fixed-shape step (a CUDA graph on
     CUDA, recsys/step_graph.py)."""
-    train_config, model, optimizer, tensors, batches = step_setup(name, data, params, n_batches, device,
+    name = run.partition("@")[0].partition(":")[0]
+    train_config, model, optimizer, tensors, batches = step_setup(run, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
     fixed = fixed_shape_step(model, name, train_config, optimizer, tensors, device)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
@@ -106,6 +112,7 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     per_second = sequences / train_seconds
     return {
         "model": name,
+        **({"run": run} if run != name else {}),
         "train_sequences_per_second": round(per_second, 1),
         "epoch_seconds_estimate": round(len(tensors.lengths) / per_second, 1),
         "validation_seconds": round(valid_seconds, 3),
@@ -119,19 +126,59 @@ def measure(name: str, data: SequenceData, params, n_batches: int, device: torch
     }
 
 
+def profile(run: str, data: SequenceData, params, steps: int, device: torch.device, batch_size: int = 0,
+            cuda_graph: bool = False, top: int = 15) -> dict:
+    """Where `steps` training steps spend their time: the `top` operators by their own device time (CPU time
+    on a CPU), per step, and the total of all of them. The fixed-shape step runs without its graph (the
+    graph's kernels, each launched by the host), so the profiler sees every kernel."""
+    train_config, model, optimizer, tensors, batches = step_setup(run, data, params, 2 + steps, device,
+                                                                  batch_size, cuda_graph)
+    fixed = fixed_shape_step(model, run.partition("@")[0].partition(":")[0], train_config, optimizer, tensors,
+                             device)
+    if fixed is not None:
+        fixed.graphed = False
+    train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed)  # untimed
+    cuda = device.type == "cuda"
+    kinds = torch.profiler.ProfilerActivity
+    activities = [kinds.CPU, kinds.CUDA] if cuda else [kinds.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        n = train_steps(model, optimizer, tensors, batches[2:], device, train_config.micro_batches, fixed)
+    measured = max(1, len(batches) - 2)
+
+    def own_us(event) -> float:  # an operator's own time: its kernels' on a GPU, its CPU time on a CPU
+        if cuda:
+            own = getattr(event, "self_device_time_total", None)  # self_cuda_time_total before torch 2.4
+            return float(own if own is not None else getattr(event, "self_cuda_time_total", 0))
+        return float(event.self_cpu_time_total)
+
+    ops = [e for e in prof.key_averages() if e.key.startswith("aten::") and own_us(e) > 0]
+    ops.sort(key=own_us, reverse=True)
+    total = sum(own_us(e) for e in ops)
+    return {
+        "steps": measured,
+        "sequences": n,
+        "clock": "device" if cuda else "cpu",
+        "ms_per_step": round(total / 1000 / measured, 3),
+        "top": [{"op": e.key, "ms_per_step": round(own_us(e) / 1000 / measured, 3),
+                 "share": round(own_us(e) / total, 3) if total else 0.0,
+                 "calls_per_step": round(e.count / measured, 1)} for e in ops[:top]],
+    }
+
+
 def step_key(row: dict) -> tuple[str, str, str, str, int, int, bool]:
-    """One row per (dataset, model, commit, device, batch size, loss chunk, fixed shape): a GPU row does not
+    """One row per (dataset, run, commit, device, batch size, loss chunk, fixed shape): a GPU row does not
     replace the same commit's CPU row, nor one point of a sweep another (rows from before the fields: 0, 0,
-    False)."""
-    return (row["dataset"], row["model"], row["commit"], row.get("device", "cpu"), row.get("batch_size", 0),
-            row.get("loss_chunk_elements", 0), row.get("fixed_shape", False))
+    False; a run is the model's name unless settings were given)."""
+    return (row["dataset"], row.get("run", row["model"]), row["commit"], row.get("device", "cpu"),
+            row.get("batch_size", 0), row.get("loss_chunk_elements", 0), row.get("fixed_shape", False))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), required=True)
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"])
+    parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"],
+                        help="model names or run strings (`sasrec@dim=128`, as bench_models.py --runs)")
     parser.add_argument("--batches", type=int, default=12)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--device", default="auto")
@@ -142,9 +189,12 @@ def main() -> None:
                              "0 = the device's default")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="the fixed-shape step of train.cuda_graph (captured as a CUDA graph on CUDA)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile N steps: where a step's time goes, by operator (0 = no profile)")
     args = parser.parse_args()
-    if args.batch_size < 0 or args.loss_chunk_elements < 0:
-        parser.error("--batch-size and --loss-chunk-elements take 0 (the default) or a positive count")
+    if args.batch_size < 0 or args.loss_chunk_elements < 0 or args.profile < 0:
+        parser.error("--batch-size, --loss-chunk-elements and --profile take 0 (the default) or a positive "
+                     "count")
     losses._CHUNK_ELEMENTS = args.loss_chunk_elements or None  # None: the device's own size
     results = Path(args.results)
     if args.threads:
@@ -154,13 +204,28 @@ def main() -> None:
     device = resolve_device(args.device)
     commit = git_commit()
     rows = []
-    for name in args.models:
+    for run in args.models:
+        try:
+            configs_for(run, params)
+        except SystemExit as err:
+            parser.error(str(err))
+    for run in args.models:
         load_before = os.getloadavg()[0]
-        row = measure(name, data, params, args.batches, device, args.batch_size, args.cuda_graph)
+        row = measure(run, data, params, args.batches, device, args.batch_size, args.cuda_graph)
+        if args.profile:
+            row["profile"] = profile(run, data, params, args.profile, device, args.batch_size,
+                                     args.cuda_graph)
         row.update(dataset=args.dataset, commit=commit, machine=machine(), device=device.type,
                    load_average_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
                    command=" ".join([Path(sys.executable).name, *sys.argv]))
         print(json.dumps(row), flush=True)
+        if "profile" in row:
+            prof = row["profile"]
+            print(f"profile {run}: {prof['ms_per_step']} ms of {prof['clock']} time a step "
+                  "(own time of its operators)")
+            for op in prof["top"]:
+                print(f"  {op['ms_per_step']:9.3f} ms {op['share']:6.1%} {op['calls_per_step']:7.1f} calls  "
+                      f"{op['op']}")
         rows.append(row)
     existing = json.loads(results.read_text()) if results.is_file() else []
     keep = {step_key(r): r for r in existing}

@@ -327,10 +327,20 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
             setting += ", CUDA graph" if r.get("cuda_graph") else ", fixed shape, no graph"
         if r.get("scoring_batch_size"):
             setting += f", scoring batch {r['scoring_batch_size']}"
-        lines.append(f"| {r['dataset']} {r['model']}: all-users scoring ≤ {SCORING_S} s "
+        lines.append(f"| {r['dataset']} {r.get('run', r['model'])}: all-users scoring ≤ {SCORING_S} s "
                      f"({r['commit']}{setting}) "
                      f"| {seconds:.3f} s (first call {r.get('first_validation_seconds', '—')} s); training "
                      f"{r['train_sequences_per_second']:.0f} sequences/s | {verdict} |")
+    profiled = [r for r in gpu_steps if r.get("profile")]
+    if profiled:  # bench_step.py --profile: where a step's device time goes
+        head = "| step profiled (bench_step.py --profile) | device time a step | its largest operators |"
+        lines += ["", head, "|---|---|---|"]
+        for r in profiled:
+            prof = r["profile"]
+            top = ", ".join(f"{op['op'].removeprefix('aten::')} {op['share']:.0%}" for op in prof["top"][:6])
+            graph = ", fixed shape" if r.get("fixed_shape") else ""
+            lines.append(f"| {r['dataset']} {r.get('run', r['model'])} ({r['commit']}, "
+                         f"batch {r['batch_size']}{graph}) | {prof['ms_per_step']:.2f} ms | {top} |")
     # The claims compare runs that stopped early; a row the clock stopped is in the rows table only.
     trained = [r for r in gpu_rows if not in_budget(r) and converged(r)]
     rows: dict[tuple[str, str], list[dict]] = {}

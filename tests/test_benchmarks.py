@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -17,6 +18,7 @@ import curves  # noqa: E402
 from bench_models import configs_for  # noqa: E402
 
 from recsys.config import load_params  # noqa: E402
+from recsys.sequences import SequenceData  # noqa: E402
 
 
 def test_the_default_sasrec_run_is_what_params_yaml_trains():
@@ -126,6 +128,12 @@ def test_gpu_budget_rows_with_a_cuda_graph_are_a_setting_of_their_own():
     assert ("batch 512: 0.1300 (1 seed); batch 512, lr 0.003, cosine over 40 epochs: 0.1500 (1 seed) "
             "| **not met**: 0.038 short (best: batch 512, lr 0.003, cosine over 40 epochs) |") in text
     assert "(c, batch 128, loss chunk 64M, CUDA graph) | 0.014 s" in text
+    assert "step profiled" not in text  # no profile measured, no table
+    step["profile"] = {"clock": "device", "ms_per_step": 4.5, "steps": 5,
+                       "top": [{"op": "aten::mm", "share": 0.41}, {"op": "aten::exp_", "share": 0.12}]}
+    text = curves.gpu_tables([eager], [{**step, "run": "sasrec@dim=128"}])
+    assert "| ml-1m-half sasrec@dim=128 (c, batch 128, fixed shape) | 4.50 ms | mm 41%, exp_ 12% |" in text
+    assert "| ml-1m-half sasrec@dim=128: all-users scoring" in text
 
 
 def test_a_gpu_step_row_does_not_replace_the_same_commits_cpu_row():
@@ -170,6 +178,37 @@ def test_bench_step_sweeps_batch_size_and_loss_chunk_into_rows_of_their_own(tmp_
     assert rows[-1]["scoring_batch_size"] == min(512, targets)  # params.yaml's eval_batch_size 0: 512 on a CPU
     monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--loss-chunk-elements", "-1"])
     with pytest.raises(SystemExit):
+        bench_step.main()
+
+
+def test_bench_step_takes_run_strings_and_profiles_where_a_step_goes(tmp_path, monkeypatch, tiny_prepared,
+                                                                     capsys):
+    """A run string's settings reach the model (its row keyed by the run, beside the plain model's), and
+    `--profile` says which operators a step's time goes to: shares of the profiled total, largest first."""
+    import bench_step
+
+    monkeypatch.setattr(bench_step, "prepare_dataset", lambda dataset, root, params: tiny_prepared)
+    results = tmp_path / "step.json"
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--models", "sasrec",
+                                      "sasrec@dim=32,n_heads=2", "--batches", "2", "--device", "cpu",
+                                      "--batch-size", "8", "--cuda-graph", "--profile", "2",
+                                      "--results", str(results)])
+    bench_step.main()
+    plain, wide = json.loads(results.read_text())
+    assert "run" not in plain and wide["run"] == "sasrec@dim=32,n_heads=2" and wide["model"] == "sasrec"
+    assert bench_step.step_key(plain) != bench_step.step_key(wide)
+    params = load_params(ROOT / "params.yaml")
+    setup = bench_step.step_setup("sasrec@dim=32", SequenceData.from_prepared(tiny_prepared), params, 1,
+                                  torch.device("cpu"))
+    assert setup[1].item_emb.weight.shape[1] == 32 != params.model_config("sasrec").dim
+    prof = wide["profile"]
+    assert prof["clock"] == "cpu" and prof["steps"] == 2 and prof["ms_per_step"] > 0
+    times = [op["ms_per_step"] for op in prof["top"]]
+    assert times == sorted(times, reverse=True) and 0 < sum(op["share"] for op in prof["top"]) <= 1.0 + 1e-6
+    assert any(op["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for op in prof["top"])  # the products
+    assert "profile sasrec@dim=32,n_heads=2:" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--models", "sasrec@wdith=3"])
+    with pytest.raises(SystemExit, match="2"):  # a misspelt setting: argparse's error, before anything runs
         bench_step.main()
 
 
