@@ -87,14 +87,25 @@ def step_setup(run: str, data: SequenceData, params, n_batches: int | None, devi
     return train_config, model, optimizer, tensors, batches
 
 
+def fixed_step(model, run: str, train_config, optimizer, tensors: TrainingTensors, batches: list,
+               device: torch.device, all_positions: bool = False) -> FixedShapeStep | None:
+    """The trainer's fixed-shape step when `train_config.cuda_graph`, its loss rows planned for `batches` as
+    an epoch's (`all_positions`: the loss at every position, as before the plan: a comparison)."""
+    fixed = fixed_shape_step(model, run.partition("@")[0].partition(":")[0], train_config, optimizer, tensors,
+                             device)
+    if fixed is not None and not all_positions:
+        fixed.plan_epoch(batches, model.loss_positions(tensors.lengths))
+    return fixed
+
+
 def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.device,
-            batch_size: int = 0, cuda_graph: bool = False) -> dict:
+            batch_size: int = 0, cuda_graph: bool = False, all_positions: bool = False) -> dict:
     """`batch_size` 0: the model's own (params.yaml); `cuda_graph`: the fixed-shape step (a CUDA graph on
-    CUDA, recsys/step_graph.py)."""
+    CUDA, recsys/step_graph.py), its loss at the positions the epoch plan bounds (`all_positions`: at all)."""
     name = run.partition("@")[0].partition(":")[0]
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
-    fixed = fixed_shape_step(model, name, train_config, optimizer, tensors, device)
+    fixed = fixed_step(model, run, train_config, optimizer, tensors, batches, device, all_positions)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
     warm = 2 + (EAGER_BEFORE_CAPTURE if cuda_graph else 0)
@@ -123,18 +134,18 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
         "scoring_batch_size": inputs.batches[0].targets.shape[0] if inputs.batches else 0,
         "cuda_graph": bool(fixed is not None and fixed.graphed),
         "fixed_shape": cuda_graph,
+        **({"loss_rows": fixed.loss_rows or "all"} if fixed is not None else {}),
     }
 
 
 def profile(run: str, data: SequenceData, params, steps: int, device: torch.device, batch_size: int = 0,
-            cuda_graph: bool = False, top: int = 15) -> dict:
+            cuda_graph: bool = False, all_positions: bool = False, top: int = 15) -> dict:
     """Where `steps` training steps spend their time: the `top` operators by their own device time (CPU time
     on a CPU), per step, and the total of all of them. The fixed-shape step runs without its graph (the
     graph's kernels, each launched by the host), so the profiler sees every kernel."""
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, 2 + steps, device,
                                                                   batch_size, cuda_graph)
-    fixed = fixed_shape_step(model, run.partition("@")[0].partition(":")[0], train_config, optimizer, tensors,
-                             device)
+    fixed = fixed_step(model, run, train_config, optimizer, tensors, batches, device, all_positions)
     if fixed is not None:
         fixed.graphed = False
     train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed)  # untimed
@@ -165,12 +176,13 @@ def profile(run: str, data: SequenceData, params, steps: int, device: torch.devi
     }
 
 
-def step_key(row: dict) -> tuple[str, str, str, str, int, int, bool]:
-    """One row per (dataset, run, commit, device, batch size, loss chunk, fixed shape): a GPU row does not
-    replace the same commit's CPU row, nor one point of a sweep another (rows from before the fields: 0, 0,
-    False; a run is the model's name unless settings were given)."""
+def step_key(row: dict) -> tuple[str, str, str, str, int, int, bool, bool]:
+    """One row per (dataset, run, commit, device, batch size, loss chunk, fixed shape, the fixed-shape loss at
+    every position): a GPU row does not replace the same commit's CPU row, nor one point of a sweep another
+    (rows from before the fields: 0, 0, False, False; a run is the model's name unless settings were given)."""
     return (row["dataset"], row.get("run", row["model"]), row["commit"], row.get("device", "cpu"),
-            row.get("batch_size", 0), row.get("loss_chunk_elements", 0), row.get("fixed_shape", False))
+            row.get("batch_size", 0), row.get("loss_chunk_elements", 0), row.get("fixed_shape", False),
+            row.get("loss_rows") == "all")
 
 
 def main() -> None:
@@ -189,6 +201,9 @@ def main() -> None:
                              "0 = the device's default")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="the fixed-shape step of train.cuda_graph (captured as a CUDA graph on CUDA)")
+    parser.add_argument("--all-positions", action="store_true",
+                        help="with --cuda-graph: the loss at every position, not at the epoch plan's bound "
+                             "of the ones with a target (the step before session 20: a comparison)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile N steps: where a step's time goes, by operator (0 = no profile)")
     args = parser.parse_args()
@@ -211,10 +226,11 @@ def main() -> None:
             parser.error(str(err))
     for run in args.models:
         load_before = os.getloadavg()[0]
-        row = measure(run, data, params, args.batches, device, args.batch_size, args.cuda_graph)
+        row = measure(run, data, params, args.batches, device, args.batch_size, args.cuda_graph,
+                      args.all_positions)
         if args.profile:
             row["profile"] = profile(run, data, params, args.profile, device, args.batch_size,
-                                     args.cuda_graph)
+                                     args.cuda_graph, args.all_positions)
         row.update(dataset=args.dataset, commit=commit, machine=machine(), device=device.type,
                    load_average_before_after=[round(load_before, 2), round(os.getloadavg()[0], 2)],
                    command=" ".join([Path(sys.executable).name, *sys.argv]))

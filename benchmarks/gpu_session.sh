@@ -115,7 +115,8 @@ case "$phase" in
     # 10-s budgets on seed 42 and the candidate defaults at width 128 (`wide`); what issue 11 still needs:
     #   0. a profile of the captured step (SASRec at batch 128, dim 128 and 64: bench_step.py --profile): at
     #      batch 1024 it trained only 7 % more sequences/s than at 128, so it is no longer launch-bound — which
-    #      operators hold it (the full-width loss? attention?) says what to cut next;
+    #      operators hold it says what to cut next; and the same step with its loss at every position
+    #      (--all-positions, session 20's step) against the loss at the plan's bound (since 20's second half);
     #   1. the 10-s budget's best setting on seed 42 (dim 128, lr 2e-3, cosine over 60 epochs, graphed: 0.1895,
     #      cut by the clock at epoch 40) on seeds 43-44, and the same over 45 epochs (a schedule that ends inside
     #      the 10 s) on seeds 42-44: the target is a mean of three seeds;
@@ -171,9 +172,12 @@ PY
       done
       back
     fi
-    # where the captured step's time goes (per operator, its kernels' own time), at the budget's width and 64
+    # where the captured step's time goes (per operator, its kernels' own time), at the budget's width and 64,
+    # and what the loss at the plan's bound of target positions gains over the loss at every position
     within 60 "$PYTHON" "${step[@]}" --models "sasrec@dim=128" sasrec --batch-size 128 --cuda-graph --profile 5 \
       || echo "gpu_session: step profile failed" >&2
+    within 45 "$PYTHON" "${step[@]}" --models "sasrec@dim=128" sasrec --batch-size 128 --cuda-graph \
+      --all-positions || echo "gpu_session: step at every position failed" >&2
     back
     within 170 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 --work-dir "$WORK/budget3" \
       --seed-offset 1 --seeds 2 --runs "$(budgeted 60 128 0.002),cuda_graph=true" \

@@ -7,14 +7,19 @@ Replaying a graph costs one launch however many kernels it holds.
 What it takes: every shape fixed, and nothing that waits for the device.
 - Every step has `batch_size` rows at the full input width. A short last batch is padded with rows of
   padding only (no input, no target).
-- The model's loss covers every position, the ones without a target masked (`Batch.fixed_shape`); it never
-  selects positions by value. SASRec, MOJITO and BERT4Rec do this with loss ce (BERT4Rec then computes the
-  softmax at every position, not only its masked ones: more arithmetic, on a GPU cheaper than the launches).
+- The model's loss covers a fixed number of positions (`Batch.fixed_shape`, `Batch.loss_rows`); it never
+  selects positions by a count the host would wait for. SASRec, MOJITO and BERT4Rec do this with loss ce.
+  The positions with a loss term are gathered first into `loss_rows` slots, the rest masked
+  (`losses.kept_first`); `loss_rows` is set before each epoch from its batch plan — the most loss positions
+  any of its batches can hold (the model's `loss_positions` per span), rounded up to an eighth of the full
+  width — so the softmax over the catalogue skips the padding positions (44 % of a full-width ml-1m-half batch
+  at batch 128) and a run holds a graph or two, one per rounded size (BERT4Rec computes it at all of its
+  tokens, not only the masked ones: more arithmetic, on a GPU cheaper than the launches).
   MOJITO's time encoder uses fixed-size tables off the CPU (recsys/models/mojito.py).
 - Gradient clipping and Adam (fused, `capturable`) run on the device.
 - The learning rate is a tensor on the device that the captured optimiser step reads at every replay (fused
   Adam takes a Tensor `lr`): warm-up, `lr_schedule` and `lr_decay` write new values into it (`set_rate`), so a
-  rate change neither runs eagerly nor recaptures. One capture a run.
+  rate change neither runs eagerly nor recaptures. One capture per loss size.
 
 The step gives the update the eager step would on the same rows: one batch and one mean over its real
 targets (tests/test_step_graph.py). It does not give the eager step's micro-batches, so on a CPU it costs a
@@ -26,6 +31,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from recsys.config import ConfigError
@@ -52,10 +58,19 @@ class FixedShapeStep:
         self.padded = 0  # rows of the last call that were padding (host-side count of the buffers' state)
         self.loss = torch.zeros((), device=device)
         self.graphed = device.type == "cuda"
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.loss_rows = 0  # positions the loss is computed at (0: all; plan_epoch sets it)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # one per loss_rows
         self.eager_steps = 0
-        self.captures = 0  # graphs captured: one a run
+        self.captures = 0  # graphs captured: one per loss_rows the run's epochs needed
         self.stream = torch.cuda.Stream(device) if self.graphed else None
+
+    def plan_epoch(self, batches: list[np.ndarray], positions: np.ndarray) -> None:
+        """Before an epoch of `batches` (host row indices): the loss's positions, the most loss positions any
+        of them holds (`positions`: the model's `loss_positions` per span) rounded up to an eighth of
+        `batch_size` × width, so that the sizes, and the graphs, a run needs are few."""
+        most = max((int(positions[rows].sum()) for rows in batches), default=0)
+        eighth = max(1, self.rows.shape[0] * self.width // 8)
+        self.loss_rows = max(eighth, -(-most // eighth) * eighth)
 
     def _fill(self, rows: torch.Tensor) -> None:
         n, size = rows.shape[0], self.rows.shape[0]
@@ -74,7 +89,8 @@ class FixedShapeStep:
         model, optimizer, device = self.model, self.optimizer, self.device
         batch = self.tensors.batch(self.rows, self.width)
         real = self.real[:, None]  # a padding row becomes all padding: no input, no target, no masked position
-        batch = replace(batch, items=batch.items * real, targets=batch.targets * real, fixed_shape=True)
+        batch = replace(batch, items=batch.items * real, targets=batch.targets * real, fixed_shape=True,
+                        loss_rows=self.loss_rows)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
                             cache_enabled=False):  # no autocast cache across a capture (PyTorch's notes)
             loss = model.loss(batch)
@@ -90,15 +106,16 @@ class FixedShapeStep:
             self.optimizer.zero_grad(set_to_none=True)
             self._step()
             return self.loss
-        if self.graph is None:
+        graph = self.graphs.get(self.loss_rows)
+        if graph is None:
             # Here, not at construction: a resumed run's optimiser state (loaded after this object exists)
             # brings its rate back as a number.
             hold_rate_as_tensor(self.optimizer, self.device)
             if self.eager_steps < EAGER_BEFORE_CAPTURE:
                 self._eager()
                 return self.loss
-            self._capture()
-        self.graph.replay()
+            graph = self._capture()
+        graph.replay()
         return self.loss
 
     def _eager(self) -> None:
@@ -110,7 +127,7 @@ class FixedShapeStep:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.eager_steps += 1
 
-    def _capture(self) -> None:
+    def _capture(self) -> torch.cuda.CUDAGraph:
         # Gradients set to None before capture: backward then allocates them from the graph's private pool,
         # and each replay writes them afresh (PyTorch's whole-network capture recipe).
         self.optimizer.zero_grad(set_to_none=True)
@@ -124,10 +141,11 @@ class FixedShapeStep:
             first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             raise ConfigError(f"train.cuda_graph: the training step could not be captured as a CUDA graph "
                               f"({first}); set train.cuda_graph: false") from err
-        self.graph = graph
+        self.graphs[self.loss_rows] = graph
         self.captures += 1
-        log.info("cuda_graph: captured the training step (batch %d, width %d; capture %d)",
-                 self.rows.shape[0], self.width, self.captures)
+        log.info("cuda_graph: captured the training step (batch %d, width %d, loss rows %s; capture %d)",
+                 self.rows.shape[0], self.width, self.loss_rows or "all", self.captures)
+        return graph
 
 
 def hold_rate_as_tensor(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

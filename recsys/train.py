@@ -240,6 +240,7 @@ def train_model(
     loss_fn = world.loss_fn(model, device)
     floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
+    positions = model.loss_positions(tensors.lengths) if fixed is not None else None  # their bound
     curve_rows = state["curve"]
     stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
     if fixed is not None and not fixed.graphed:
@@ -263,6 +264,8 @@ def train_model(
         plan = world.shard(whole)
         steps = [micro_batches(tensors.lengths[rows], world.micro_batch_count(parts, len(full)), terms[rows])
                  for rows, full in zip(plan, whole)] if fixed is None else [None] * len(plan)
+        if fixed is not None:
+            fixed.plan_epoch(plan, positions)  # the loss positions its steps compute, from the plan
         # per step: (start, stop, width, weight) per micro-batch (the fixed-shape step takes the rows whole)
         flat = torch.from_numpy(np.concatenate(plan)).to(device, non_blocking=True)
         bounds = np.cumsum([0] + [len(rows) for rows in plan])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -13,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from recsys.config import ConfigError, TrainConfig
 from recsys.model_configs import MODEL_CONFIGS
 from recsys.models import build_model
+from recsys.models.losses import kept_first
 from recsys.sequences import SequenceData, TrainingTensors, random_batch_rows
 from recsys.step_graph import FixedShapeStep
 from recsys.train import optimiser_step, train_model, validation_inputs
@@ -43,10 +45,14 @@ def _model(config, data, name: str = "sasrec"):
     return model, torch.optim.SGD(model.parameters(), lr=0.5)
 
 
-@pytest.mark.parametrize("name,grad_clip", [("sasrec", 0.0), ("sasrec", 0.5), ("mojito", 0.0), ("bert4rec", 0.0)])
-def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared, name, grad_clip):
+@pytest.mark.parametrize("name,grad_clip,planned", [("sasrec", 0.0, False), ("sasrec", 0.5, False),
+                                                     ("mojito", 0.0, False), ("bert4rec", 0.0, False),
+                                                     ("sasrec", 0.5, True), ("mojito", 0.0, True),
+                                                     ("bert4rec", 0.0, True)])
+def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared, name, grad_clip, planned):
     """Three steps, the last one a short batch (padded to the fixed size): the weights after each equal
-    the eager trainer's, which cuts every batch to its own width and selects the target positions."""
+    the eager trainer's, which cuts every batch to its own width and selects the target positions — with the
+    loss at every position, and (`planned`, as the trainer runs it) at the epoch plan's bound of them."""
     config, data, tensors, plan = _setup(tiny_prepared, 24, name)
     steps = [plan[0], plan[1], plan[2][:5]]  # the last one short: 19 padding rows
     assert len(set(tensors.lengths[plan[0]])) > 3  # mixed lengths: the eager widths differ from the fixed one
@@ -54,6 +60,12 @@ def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared,
     fixed_model, fixed_opt = _model(config, data, name)
     step = FixedShapeStep(fixed_model, fixed_opt, tensors, 24, grad_clip=grad_clip, device=torch.device("cpu"))
     assert not step.graphed and step.width == tensors.items.shape[1] - 1
+    if planned:
+        step.plan_epoch(steps, fixed_model.loss_positions(tensors.lengths))
+        most = max(int(fixed_model.loss_positions(tensors.lengths)[rows].sum()) for rows in steps)
+        eighth = 24 * step.width // 8
+        assert most <= step.loss_rows < most + eighth and step.loss_rows % eighth == 0
+        assert step.loss_rows < 24 * step.width  # fewer loss rows than positions: the gather is exercised
     for rows in steps:
         batch_rows = torch.from_numpy(rows)
         width = int(tensors.lengths[rows].max()) - 1
@@ -64,6 +76,75 @@ def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared,
         for (key, a), b in zip(eager.state_dict().items(), fixed_model.state_dict().values()):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=key)
     assert step.padded == 19 and int(step.real.sum()) == 5
+
+
+@pytest.mark.parametrize("name", ["sasrec", "mojito", "bert4rec"])
+def test_loss_positions_bound_the_positions_each_models_loss_keeps(tiny_prepared, name):
+    """`loss_positions` is what the fixed-shape step's loss rows rest on: a kept position past the bound would
+    be left out of the loss. Per span it equals what the loss keeps (BERT4Rec masking every token), so the
+    bound is tight, never short."""
+    config, data, tensors, plan = _setup(tiny_prepared, 24, name)
+    model, _ = _model(config, data, name)
+    kept = []
+
+    def spy(h, weight, ids, keep, rows=0, **kwargs):
+        kept.append(keep.sum(dim=1))
+        return h.sum() * 0.0
+
+    import recsys.models.bert4rec
+    import recsys.models.mojito
+    import recsys.models.sasrec
+
+    module = {"sasrec": recsys.models.sasrec, "mojito": recsys.models.mojito,
+              "bert4rec": recsys.models.bert4rec}
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(module[name], "cross_entropy_at_positions", spy)
+    try:
+        for rows in plan:
+            batch = tensors.batch(torch.from_numpy(rows), int(tensors.items.shape[1]) - 1)
+            model.loss(dataclasses.replace(batch, fixed_shape=True))
+    finally:
+        monkey.undo()
+    got = torch.cat(kept).numpy()
+    want = model.loss_positions(tensors.lengths[np.concatenate(plan)])
+    assert (got == want).all() and got.max() == config.max_len
+
+
+def test_kept_first_gathers_the_kept_positions_in_order_into_fixed_slots():
+    keep = torch.tensor([False, True, True, False, True, False])
+    where, filled = kept_first(keep, 4)
+    assert where[:3].tolist() == [1, 2, 4] and filled.tolist() == [True, True, True, False]
+    where, filled = kept_first(torch.zeros(5, dtype=torch.bool), 2)
+    assert not filled.any()
+
+
+@pytest.mark.parametrize("extra", ["none", "bias", "table"])
+def test_the_loss_on_gathered_rows_is_the_loss_on_every_position(extra):
+    """The same mean and the same gradients whether the loss runs at every position or at a bound of the
+    kept ones (`rows`), with a bias and with MOJITO's per-row table."""
+    from recsys.models.losses import cross_entropy_at_positions
+
+    torch.manual_seed(0)
+    B, L, D, items = 4, 6, 8, 11
+    keep = torch.rand(B, L) < 0.4
+    ids = torch.randint(1, items + 1, (B, L))
+    kwargs = {}
+    if extra == "bias":
+        kwargs["bias"] = torch.randn(items, requires_grad=True)
+    if extra == "table":
+        kwargs.update(table=torch.randn(B * 2, items, requires_grad=True),
+                      index=torch.randint(0, B * 2, (B * L,)))
+    h = torch.randn(B, L, D, requires_grad=True)
+    w = torch.randn(items, D, requires_grad=True)
+    results = []
+    for rows in (0, int(keep.sum()) + 3):
+        loss = cross_entropy_at_positions(h, w, ids, keep, rows, **kwargs)
+        grads = torch.autograd.grad(loss, [h, w, *[v for v in kwargs.values() if v.requires_grad]])
+        results.append((loss, grads))
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(b, a)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(y, x)
 
 
 def test_a_full_batch_after_a_short_one_counts_every_row_again(tiny_prepared):
@@ -156,6 +237,8 @@ def test_the_fixed_shape_step_has_no_operator_that_waits_for_the_device(tiny_pre
     if name == "mojito":
         model.time_enc.method = "table"  # what runs off the CPU
     step = FixedShapeStep(model, opt, tensors, 24, grad_clip=0.5, device=torch.device("cpu"))
+    step.plan_epoch([plan[2][:5]], model.loss_positions(tensors.lengths))  # the loss's gathered rows too
+    assert 0 < step.loss_rows < 24 * step.width
     step._fill(torch.from_numpy(plan[2][:5]))  # a short batch: its padding rows too
     opt.zero_grad(set_to_none=True)
     with _WaitingOps() as fixed:

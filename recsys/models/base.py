@@ -33,6 +33,9 @@ class Batch:
     # Training at a fixed shape (`train.cuda_graph`): the loss covers every position with padding masked
     # out, instead of selecting the positions that hold targets (a data-dependent shape the host waits for).
     fixed_shape: bool = False
+    # With `fixed_shape`: compute the loss on this many positions (0: all of them), the ones that hold a loss
+    # term gathered first; a bound on their count in this batch (recsys/step_graph.py sets it per epoch).
+    loss_rows: int = 0
 
     def to(self, device: torch.device | str) -> Batch:
         moved = {
@@ -89,6 +92,11 @@ class SequentialModel(nn.Module):
         """How many terms `loss` averages over for training spans of `lengths` events (in expectation where
         they are drawn): the weights of a step's micro-batches. Next-item models: one per target, n - 1."""
         return lengths - 1
+
+    def loss_positions(self, lengths: np.ndarray) -> np.ndarray:
+        """At most how many positions of a training span of `lengths` events hold a loss term (a bound, not
+        an expectation: `Batch.loss_rows`). Next-item models: one per target, n - 1, up to max_len."""
+        return np.minimum(lengths - 1, self.config.max_len)
 
     def fit_statistics(self, train_items: torch.Tensor) -> None:
         """Called once before training with every training event's item id (1-D long tensor)."""

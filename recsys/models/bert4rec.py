@@ -117,6 +117,10 @@ class BERT4Rec(SequentialModel):
         p, share = self.config.mask_prob, self.config.last_item_share
         return share + (1 - share) * (p * n + (1 - p) ** n)
 
+    def loss_positions(self, lengths: np.ndarray) -> np.ndarray:
+        """Masked positions are tokens of the span (n up to max_len): at most all of them."""
+        return np.minimum(lengths, self.config.max_len)
+
     def loss(self, batch: Batch) -> torch.Tensor:
         seq = full_sequences(batch, self.config.max_len)  # (B, L)
         masked = self.cloze_mask(seq)
@@ -127,7 +131,7 @@ class BERT4Rec(SequentialModel):
                 raise ValueError(why)
             weight = self.item_emb.weight[1 : self.n_items + 1]
             h = self.transform(self(inputs))  # (B, L, D)
-            return cross_entropy_at_positions(h, weight, seq, masked, bias=self.out_bias[1:])
+            return cross_entropy_at_positions(h, weight, seq, masked, batch.loss_rows, bias=self.out_bias[1:])
         hidden = self(inputs)[masked]  # (N, D)
         y = seq[masked]  # (N,)
         h = self.transform(hidden)  # (N, D)

@@ -126,10 +126,36 @@ def linear_cross_entropy(
     return _LinearCrossEntropy.apply(h, weight, bias, table, index, y, mask)
 
 
+def kept_first(keep: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions `keep` (N,) marks, in order, in a fixed number of slots: (rows,) indices into the N
+    positions and (rows,) bool, True for a slot that holds one. Slots past the kept count point at position 0
+    (masked). No data-dependent shape and nothing the host waits for (a CUDA graph holds it): each kept
+    position's slot is its rank among the kept, written by a scatter. Kept positions past `rows` would be
+    left out, so `rows` must bound the count: the trainer's comes from the model's `loss_positions`, a bound
+    tested per model (tests/test_step_graph.py)."""
+    n = keep.shape[0]
+    rank = torch.cumsum(keep, 0) - 1  # a kept position's slot
+    slot = torch.where(keep, rank, rows).clamp_max(rows)  # the rest, and any overflow, to a spare slot
+    where = torch.zeros(rows + 1, dtype=torch.long, device=keep.device)
+    where.scatter_(0, slot, torch.arange(n, device=keep.device))  # the spare slot takes any of the rest
+    count = rank[-1] + 1 if n else torch.zeros((), dtype=torch.long, device=keep.device)
+    return where[:rows], torch.arange(rows, device=keep.device) < count
+
+
 def cross_entropy_at_positions(h: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, keep: torch.Tensor,
-                               **kwargs) -> torch.Tensor:
-    """`linear_cross_entropy` at every position of a fixed-shape batch (`train.cuda_graph`), its mean over the
+                               rows: int = 0, **kwargs) -> torch.Tensor:
+    """`linear_cross_entropy` at the positions of a fixed-shape batch (`train.cuda_graph`), its mean over the
     positions `keep` marks: h (B, L, D), ids (B, L) 1-based item ids (class = id - 1; any id where `keep` is
-    False), keep (B, L) bool; `bias`, `table`, `index` (B·L,) as `linear_cross_entropy` takes them."""
-    return linear_cross_entropy(h.flatten(0, 1), weight, (ids - 1).clamp_min(0).flatten(), mask=keep.flatten(),
-                                **kwargs)
+    False), keep (B, L) bool; `bias`, `table`, `index` (B·L,) as `linear_cross_entropy` takes them.
+
+    `rows` (0: every position) < B·L computes the loss on that many rows only: the kept positions gathered
+    first (`kept_first`), the rest of the slots masked. The same mean; `rows` must bound the kept count
+    (`Batch.loss_rows`, from the epoch's plan: recsys/step_graph.py)."""
+    flat_h, flat_ids, flat_keep = h.flatten(0, 1), (ids - 1).clamp_min(0).flatten(), keep.flatten()
+    if 0 < rows < flat_keep.shape[0]:
+        where, filled = kept_first(flat_keep, rows)
+        flat_h, flat_ids = flat_h.index_select(0, where), flat_ids.index_select(0, where)
+        flat_keep = filled & flat_keep.index_select(0, where)
+        if kwargs.get("index") is not None:
+            kwargs["index"] = kwargs["index"].index_select(0, where)
+    return linear_cross_entropy(flat_h, weight, flat_ids, mask=flat_keep, **kwargs)

@@ -396,13 +396,13 @@ class Mojito(SequentialModel):
         B, L = targets.shape
         emb = self.item_emb.weight[1:]  # (I, d)
         if table is None:
-            return cross_entropy_at_positions(q, emb, targets, keep)
+            return cross_entropy_at_positions(q, emb, targets, keep, batch.loss_rows)
         groups = table.shape[1]
         rows_b = torch.arange(B, device=targets.device)[:, None].expand(B, L)  # batch row of every position
         flat = table[:, :, 1:].reshape(-1, self.n_items)  # (B·(1+F), I): one row per (row, prefix)
         index = (rows_b * groups + prefix).flatten()
         return cross_entropy_at_positions(q + self.config.long_weight * history, emb, targets, keep,
-                                          bias=self.long_bias(emb), table=flat, index=index)
+                                          batch.loss_rows, bias=self.long_bias(emb), table=flat, index=index)
 
     def score(self, batch: Batch) -> torch.Tensor:
         items = batch.items[:, -self.config.max_len :]

@@ -104,7 +104,7 @@ class SASRec(SequentialModel):
         if batch.fixed_shape:  # every position, padding masked: no shape depends on the data
             if why := self.fixed_shape_refusal():
                 raise ValueError(why)
-            return cross_entropy_at_positions(hidden, emb[1:], targets, keep)
+            return cross_entropy_at_positions(hidden, emb[1:], targets, keep, batch.loss_rows)
         h, y = hidden[keep], targets[keep]  # (N, D), (N,)
         if cfg.loss == "ce":  # full softmax over the real items (padding column left out)
             return linear_cross_entropy(h, emb[1:], y - 1)
