@@ -133,6 +133,7 @@ ABLATION = (
      "dim 128 (from 64), lr 2e-3, a cap of 60 epochs at a constant rate"),
     (budgeted_run(60, dim=128, lr=0.002), SASREC_DEFAULT_RUN,
      "dim 128, a budget of 60 epochs: lr 2e-3 after a 100-step warm-up, cosine down to 0"),
+    (SASREC_WIDE, SASREC_DEFAULT_RUN, "the candidate defaults: dim 128 (from 64), lr 2e-3, to early stopping"),
 )
 
 
