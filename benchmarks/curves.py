@@ -226,6 +226,9 @@ CLAIMS = (
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),
     (MOJITO_WIDE, SASREC_WIDE, 1.00, 3.0),
     (BERT4REC_WIDE, SASREC_WIDE, 0.90, 3.0),
+    # the claims if SASRec alone took the candidate: the other two models' defaults against it
+    (MOJITO_LONG, SASREC_WIDE, 1.00, 3.0),
+    (BERT4REC_DEFAULT_RUN, SASREC_WIDE, 0.90, 3.0),
     ("sasrec:gbce", SASREC_DEFAULT_RUN, 0.95, None),
     (f"sasrec:gbce@{_SASREC_SETTINGS}", SASREC_DEFAULT_RUN, 0.95, None),
 )

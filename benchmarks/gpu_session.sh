@@ -190,7 +190,7 @@ PY
       --runs "$SASREC_WIDE" "$SASREC" || echo "gpu_session: ml-100k SASRec failed" >&2
     back
     for offset in 0 1 2; do
-      for run in "$BERT4REC_WIDE" "$MOJITO_WIDE"; do claim_seed "$run" "$offset"; done
+      for run in "$MOJITO_WIDE" "$BERT4REC_WIDE"; do claim_seed "$run" "$offset"; done
     done
     for offset in 0 1 2; do
       for run in "$SASREC" "$BERT4REC" "$MOJITO"; do claim_seed "$run" "$offset"; done
