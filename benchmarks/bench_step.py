@@ -87,12 +87,11 @@ def step_setup(run: str, data: SequenceData, params, n_batches: int | None, devi
     return train_config, model, optimizer, tensors, batches
 
 
-def fixed_step(model, run: str, train_config, optimizer, tensors: TrainingTensors, batches: list,
-               device: torch.device, all_positions: bool = False) -> FixedShapeStep | None:
+def fixed_step(model, train_config, optimizer, tensors: TrainingTensors, batches: list, device: torch.device,
+               all_positions: bool = False) -> FixedShapeStep | None:
     """The trainer's fixed-shape step when `train_config.cuda_graph`, its loss rows planned for `batches` as
     an epoch's (`all_positions`: the loss at every position, as before the plan: a comparison)."""
-    fixed = fixed_shape_step(model, run.partition("@")[0].partition(":")[0], train_config, optimizer, tensors,
-                             device)
+    fixed = fixed_shape_step(model, model.name, train_config, optimizer, tensors, device)
     if fixed is not None and not all_positions:
         fixed.plan_epoch(batches, model.loss_positions(tensors.lengths))
     return fixed
@@ -102,10 +101,10 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
             batch_size: int = 0, cuda_graph: bool = False, all_positions: bool = False) -> dict:
     """`batch_size` 0: the model's own (params.yaml); `cuda_graph`: the fixed-shape step (a CUDA graph on
     CUDA, recsys/step_graph.py), its loss at the positions the epoch plan bounds (`all_positions`: at all)."""
-    name = run.partition("@")[0].partition(":")[0]
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
-    fixed = fixed_step(model, run, train_config, optimizer, tensors, batches, device, all_positions)
+    name = model.name
+    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
     warm = 2 + (EAGER_BEFORE_CAPTURE if cuda_graph else 0)
@@ -145,7 +144,7 @@ def profile(run: str, data: SequenceData, params, steps: int, device: torch.devi
     graph's kernels, each launched by the host), so the profiler sees every kernel."""
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, 2 + steps, device,
                                                                   batch_size, cuda_graph)
-    fixed = fixed_step(model, run, train_config, optimizer, tensors, batches, device, all_positions)
+    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
     if fixed is not None:
         fixed.graphed = False
     train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed)  # untimed
@@ -215,15 +214,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     params = load_params(ROOT / "params.yaml")
-    data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
-    device = resolve_device(args.device)
-    commit = git_commit()
-    rows = []
-    for run in args.models:
+    for run in args.models:  # a misspelt setting stops here, before the data is prepared
         try:
             configs_for(run, params)
         except SystemExit as err:
             parser.error(str(err))
+    data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
+    device = resolve_device(args.device)
+    commit = git_commit()
+    rows = []
     for run in args.models:
         load_before = os.getloadavg()[0]
         row = measure(run, data, params, args.batches, device, args.batch_size, args.cuda_graph,

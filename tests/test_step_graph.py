@@ -79,7 +79,7 @@ def test_the_fixed_shape_step_moves_the_weights_as_the_eager_step(tiny_prepared,
 
 
 @pytest.mark.parametrize("name", ["sasrec", "mojito", "bert4rec"])
-def test_loss_positions_bound_the_positions_each_models_loss_keeps(tiny_prepared, name):
+def test_loss_positions_bound_the_positions_each_models_loss_keeps(tiny_prepared, name, monkeypatch):
     """`loss_positions` is what the fixed-shape step's loss rows rest on: a kept position past the bound would
     be left out of the loss. Per span it equals what the loss keeps (BERT4Rec masking every token), so the
     bound is tight, never short."""
@@ -97,14 +97,10 @@ def test_loss_positions_bound_the_positions_each_models_loss_keeps(tiny_prepared
 
     module = {"sasrec": recsys.models.sasrec, "mojito": recsys.models.mojito,
               "bert4rec": recsys.models.bert4rec}
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(module[name], "cross_entropy_at_positions", spy)
-    try:
-        for rows in plan:
-            batch = tensors.batch(torch.from_numpy(rows), int(tensors.items.shape[1]) - 1)
-            model.loss(dataclasses.replace(batch, fixed_shape=True))
-    finally:
-        monkey.undo()
+    monkeypatch.setattr(module[name], "cross_entropy_at_positions", spy)
+    for rows in plan:
+        batch = tensors.batch(torch.from_numpy(rows), int(tensors.items.shape[1]) - 1)
+        model.loss(dataclasses.replace(batch, fixed_shape=True))
     got = torch.cat(kept).numpy()
     want = model.loss_positions(tensors.lengths[np.concatenate(plan)])
     assert (got == want).all() and got.max() == config.max_len
