@@ -226,14 +226,40 @@ def row_key(row: dict) -> tuple[str, str, int]:
     return row["dataset"], row["run"], row_seed(row)
 
 
+# Train settings a row may change when it replaces the stored row of its key: a longer budget trains a
+# clock-stopped run on; where it ran and how it reported are not what it trained.
+_RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size"})
+
+
+def changed_settings(stored: dict, new: dict) -> list[str]:
+    """`key=stored (now new)` for each model or train setting the two rows both record and differ in."""
+    out = []
+    for part in ("config", "train"):
+        old, now = stored.get(part) or {}, new.get(part) or {}
+        out += [f"{k}={old[k]!r} (now {now[k]!r})" for k in sorted(old.keys() & now.keys())
+                if old[k] != now[k] and not (part == "train" and k in _RERUN_FREE)]
+    return out
+
+
 def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
     """Read-modify-write under a lock: several benchmark processes may finish runs at the same time. The
     RESULTS.md tables are built from the default file only; another `path` (GPU rows, whose (dataset, run,
-    seed) keys would replace the CPU rows') is merged alone."""
+    seed) keys would replace the CPU rows') is merged alone. A row never replaces one of its key that trained
+    other settings: a run string is read against params.yaml as it is, so after a default changes the same
+    string trains something else (nothing is written then)."""
     with claimed(path):
         existing = json.loads(path.read_text()) if path.is_file() else []
         keep = {row_key(r): r for r in existing}
         for r in results:
+            stored = keep.get(row_key(r))
+            diff = changed_settings(stored, r) if stored else []
+            if diff:
+                dataset, run, seed = row_key(r)
+                raise SystemExit(
+                    f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
+                    f"{', '.join(diff)}: params.yaml has changed since that row; spell the old value in the run "
+                    f"(`{run.partition('@')[0]}@...,{diff[0].split(' ')[0]}`) to measure it again, or remove "
+                    "that row to replace it")
             keep[row_key(r)] = r
         merged = sorted(keep.values(), key=row_key)
         tmp = path.with_suffix(".tmp")

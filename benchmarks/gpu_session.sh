@@ -44,21 +44,23 @@ if [[ ! -d "$DATA_ROOT/ml-1m-half" ]]; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 WORK="${TMPDIR:-/tmp}/recsys-gpu-session"
-SASREC='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windows=all,min_epochs=100,batching=random'
+# The SASRec defaults of sessions 6-20 as their rows name them (measured at params.yaml's dim 64, lr 1e-3 of
+# then; without dim and lr the string builds today's defaults, so a new run at the old ones adds dim=64,lr=0.001)
+SASREC_D64='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windows=all,min_epochs=100,batching=random'
+# params.yaml's SASRec since session 21 (benchmarks/curves.py SASREC_DEFAULT_RUN)
+SASREC="${SASREC_D64},dim=128,lr=0.002"
 # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG)
 BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
 MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
-# the candidate defaults (session 20) and the other two models at their width and rate (curves.py's *_WIDE)
-SASREC_WIDE="${SASREC},dim=128,lr=0.002"
+# the other two models at SASRec's width and rate (curves.py's *_WIDE)
 BERT4REC_WIDE="${BERT4REC},dim=128,ffn_dim=512,lr=0.002"
 MOJITO_WIDE="${MOJITO},dim=128,lr=0.002"
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
 BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
-# `budgeted N [DIM] [LR]`: a budget of N epochs, a 100-step warm-up to LR (3e-3), cosine down to 0 by the end
-# of epoch N, width DIM (64) — benchmarks/curves.py budgeted_run, the CPU runs' strings (RESULTS session 19)
+# `budgeted N [DIM] [LR]`: a budget of N epochs, a 100-step warm-up to LR (2e-3), cosine down to 0 by the end
+# of epoch N, width DIM (128) — benchmarks/curves.py budgeted_run, the CPU runs' strings (RESULTS session 19)
 budgeted() {
-  local width=""; [[ "${2:-64}" == 64 ]] || width=",dim=$2"
-  echo "${SASREC}${width},lr=${3:-0.003},warmup_steps=100,lr_schedule=cosine,epochs=$1,patience=$1,min_epochs=0"
+  echo "${SASREC_D64},dim=${2:-128},lr=${3:-0.002},warmup_steps=100,lr_schedule=cosine,epochs=$1,patience=$1,min_epochs=0"
 }
 
 run() { timeout --signal=INT "$LIMIT_S" "$PYTHON" "$@"; }
@@ -92,10 +94,10 @@ case "$phase" in
   wide)
     # SASRec at dim 128 to early stopping, seeds 42–44 (session 19: on the CPU, dim 128 at lr 2e-3 reached
     # validation 0.194 by epoch 24, where dim 64 takes ~90 epochs; on a launch-bound GPU the width costs little
-    # a step): a candidate for the defaults, and what the claims would then be re-established against
+    # a step): params.yaml's SASRec since session 21, and the same width at the old rate
     run benchmarks/bench_models.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" \
       --results benchmarks/results/models-gpu.json --seeds 3 \
-      --runs "$SASREC_WIDE" "${SASREC},dim=128" --work-dir "$WORK/wide"
+      --runs "$SASREC" "${SASREC_D64},dim=128,lr=0.001" --work-dir "$WORK/wide"
     results=(models-gpu.json)
     ;;
   stream)
@@ -121,10 +123,10 @@ case "$phase" in
     #      cut by the clock at epoch 40) on seeds 42-44 (42 again: the step has changed since, all three seeds
     #      from one commit), and the same over 45 epochs (a schedule that ends inside the 10 s): the target is
     #      a mean of three seeds;
-    #   2. the candidate defaults (SASRec dim 128, lr 2e-3: ml-1m-half 0.1953 +- 0.0014 on three H100 seeds)
-    #      and the current ones on ml-100k, seeds 42-44;
-    #   3. BERT4Rec and MOJITO at the candidate's width and rate on ml-1m-half, seed by seed: the claims
-    #      against it (curves.py SASREC_WIDE, BERT4REC_WIDE, MOJITO_WIDE);
+    #   2. the defaults (since session 21: SASRec dim 128, lr 2e-3; ml-1m-half 0.1953 +- 0.0014 on three H100 seeds)
+    #      and the previous ones (dim 64, lr 1e-3) on ml-100k, seeds 42-44;
+    #   3. BERT4Rec and MOJITO at SASRec's width and rate on ml-1m-half, seed by seed: the claims
+    #      against it (curves.py BERT4REC_WIDE, MOJITO_WIDE);
     #   4. the current defaults' claim seeds still missing from results/models-gpu.json (a row there that
     #      stopped early is done; one the clock stopped is trained again), as time allows.
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
@@ -175,9 +177,9 @@ PY
     fi
     # where the captured step's time goes (per operator, its kernels' own time), at the budget's width and 64,
     # and what the loss at the plan's bound of target positions gains over the loss at every position
-    within 60 "$PYTHON" "${step[@]}" --models "sasrec@dim=128" sasrec --batch-size 128 --cuda-graph --profile 5 \
+    within 60 "$PYTHON" "${step[@]}" --models sasrec "sasrec@dim=64" --batch-size 128 --cuda-graph --profile 5 \
       || echo "gpu_session: step profile failed" >&2
-    within 45 "$PYTHON" "${step[@]}" --models "sasrec@dim=128" sasrec --batch-size 128 --cuda-graph \
+    within 45 "$PYTHON" "${step[@]}" --models sasrec "sasrec@dim=64" --batch-size 128 --cuda-graph \
       --all-positions || echo "gpu_session: step at every position failed" >&2
     back
     within 170 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 --work-dir "$WORK/budget3" \
@@ -187,7 +189,7 @@ PY
     back
     within 200 "$PYTHON" benchmarks/bench_models.py --dataset ml-100k --data-root "$DATA_ROOT" --device "$DEVICE" \
       --results benchmarks/results/models-gpu.json --seeds 3 --work-dir "$WORK/m100k" \
-      --runs "$SASREC_WIDE" "$SASREC" || echo "gpu_session: ml-100k SASRec failed" >&2
+      --runs "$SASREC" "${SASREC_D64},dim=64,lr=0.001" || echo "gpu_session: ml-100k SASRec failed" >&2
     back
     for offset in 0 1 2; do
       for run in "$MOJITO_WIDE" "$BERT4REC_WIDE"; do claim_seed "$run" "$offset"; done

@@ -279,6 +279,61 @@ def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_pat
         check_finished(row, path, run, "ml-100k", params, 5.0, "cpu", 1)
 
 
+def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_path):
+    """A run string is read against params.yaml as it is: after SASRec's default width changed, the string of
+    the old defaults trains the new ones. Its rows keep their configuration, and merge refuses to put a row
+    of other settings under a stored row's key (one sentence, the file untouched); a longer budget may."""
+    from bench_models import configs_for, merge
+
+    params = load_params(ROOT / "params.yaml")
+    assert configs_for(curves.SASREC_D64, params)[1].dim == 128  # what the old string builds today
+    path = tmp_path / "rows.json"
+    old = {"dataset": "ml-100k", "run": curves.SASREC_D64, "seed": 42, "test_ndcg@10": 0.113,
+           "config": {"dim": 64, "n_heads": 2}, "train": {"lr": 0.001, "max_minutes": 0.0, "seed": 42}}
+    merge([old], path)
+    before = path.read_text()
+    again = {**old, "test_ndcg@10": 0.115, "config": {"dim": 128, "n_heads": 2},
+             "train": {"lr": 0.002, "max_minutes": 0.0, "seed": 42}}
+    with pytest.raises(SystemExit, match=r"already holds ml-100k `sasrec:ce@.*` seed 42 trained with other "
+                                         r"settings — dim=64 \(now 128\), lr=0.001 \(now 0.002\)"):
+        merge([again], path)
+    assert path.read_text() == before
+    longer = {**old, "test_ndcg@10": 0.114, "train": {**old["train"], "max_minutes": 90.0}}
+    assert merge([longer], path)[0]["test_ndcg@10"] == 0.114  # the same settings under a larger budget
+
+
+def test_targets_are_judged_on_the_current_defaults_cpu_and_gpu_rows_with_the_previous_ones_beside():
+    def row(run: str, seed: int, ndcg: float, dataset: str = "ml-1m-half", minutes: float = 0.0) -> dict:
+        return {"dataset": dataset, "run": run, "seed": seed, "test_ndcg@10": ndcg, "test_hr@10": 0.3,
+                "stopped_by": "early_stopping", "train": {"max_minutes": minutes}}
+
+    gpu = [row(curves.SASREC_DEFAULT_RUN, s, v) for s, v in ((42, 0.194), (43, 0.196), (44, 0.196))]
+    gpu.append(row(curves.SASREC_DEFAULT_RUN, 45, 0.10, minutes=0.1667))  # a 10-s budget row: not a target's
+    cpu = [row(curves.SASREC_D64, s, 0.188) for s in (42, 43, 44)]
+    cpu.append(row(curves.SASREC_DEFAULT_RUN, 42, 0.19))
+    lines = curves.targets_table(cpu, gpu).splitlines()
+    mine = [line for line in lines if line.startswith("| ml-1m-half | defaults: ")]
+    assert len(mine) == 2  # CPU (one seed) and GPU (three)
+    assert "| CPU | 1 | 0.1900 |" in mine[0] and mine[0].endswith("| not met (1 of 3 seeds); 1.041 × peer |")
+    assert "| GPU | 3 | 0.1953 ± 0.0012 |" in mine[1] and mine[1].endswith("| met; 1.070 × peer |")
+    old = [line for line in lines if line.startswith("| ml-1m-half | defaults of sessions 6–20")]
+    assert len(old) == 1 and "| CPU | 3 | 0.1880 ± 0.0000 |" in old[0]
+    assert any(line.startswith("| ml-100k | defaults: ") and line.endswith("| not run |") for line in lines)
+
+
+def test_the_ablation_table_says_what_each_run_trained_not_what_its_string_builds_today():
+    rows = [{"dataset": "ml-100k", "run": curves.SASREC_D64, "seed": s, "test_ndcg@10": 0.11, "test_hr@10": 0.2,
+             "valid_ndcg@10": 0.12, "best_epoch": 100, "config": {"dim": 64}, "train": {"lr": 0.001}}
+            for s in (42, 43)]
+    rows += [{**rows[0], "run": curves.SASREC_DEFAULT_RUN, "test_ndcg@10": 0.12, "config": {"dim": 128},
+              "train": {"lr": 0.002}}]
+    table = curves.ablation_table(rows)
+    line = next(x for x in table.splitlines() if x.startswith(f"| ml-100k | `{curves.SASREC_DEFAULT_RUN}` |"))
+    assert "| 128, 0.002 | 42 | 0.1200 |" in line and line.endswith("| +0.0100 (seeds 42) |")
+    base = next(x for x in table.splitlines() if x.startswith(f"| ml-100k | `{curves.SASREC_D64}` |"))
+    assert "| 64, 0.001 | 42, 43 |" in base
+
+
 def test_a_time_limited_row_trains_on_only_under_a_larger_budget():
     from bench_models import more_time
 
@@ -335,7 +390,7 @@ def test_the_gpu_session_script_trains_todays_defaults():
     """The first GPU session runs benchmarks/gpu_session.sh as written: its run strings must be the current
     defaults, not those of the session that wrote it."""
     script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
-    assert f"SASREC='{curves.SASREC_DEFAULT_RUN}'" in script
+    assert f"\nSASREC_D64='{curves.SASREC_D64}'\n" in script
     # every GPU training row goes to results/models-gpu.json, never over the CPU rows in models.json
     commands = script.replace("\\\n", " ").splitlines()  # backslash-continued lines joined
     gpu_args = next(c for c in commands if c.strip().startswith("gpu=("))
@@ -345,22 +400,26 @@ def test_the_gpu_session_script_trains_todays_defaults():
     for command in trains:
         assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
     # the budgeted runs are curves.budgeted_run's strings, so the GPU rows meet the CPU's ablation rows
-    sasrec = next(line for line in script.splitlines() if line.startswith("SASREC="))
+    lines = [line for line in script.splitlines()
+             if line.split("=")[0] in {"SASREC_D64", "SASREC", "BERT4REC", "MOJITO"}]
     function = "budgeted() {" + script.split("\nbudgeted() {")[1].split("\n}\n")[0] + "\n}"
-    for args, want in (("40", curves.budgeted_run(40)), ("60 128 0.002", curves.budgeted_run(60, 128, 0.002))):
-        got = subprocess.run(["bash", "-c", f"{sasrec}\n{function}\nbudgeted {args}"], capture_output=True,
-                             text=True, check=True).stdout.strip()
+    for args, want in (("40", curves.budgeted_run(40)), ("60 128 0.002", curves.budgeted_run(60, 128, 0.002)),
+                       ("40 64 0.003", curves.budgeted_run(40, 64, 0.003))):
+        got = subprocess.run(["bash", "-c", "\n".join([*lines, function, f"budgeted {args}"])],
+                             capture_output=True, text=True, check=True).stdout.strip()
         assert got == want
-    # the candidate defaults at width 128 and the claims against them: the same strings as curves.py's
-    lines = [line for line in script.splitlines() if line.split("=")[0] in {"SASREC", "BERT4REC", "MOJITO"}]
-    for name in ("SASREC_WIDE", "BERT4REC_WIDE", "MOJITO_WIDE"):
+    # the bash twins of curves.py's strings: today's SASRec defaults, and the other two models at its width
+    sasrec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$SASREC"'])], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert sasrec == curves.SASREC_DEFAULT_RUN
+    for name in ("BERT4REC_WIDE", "MOJITO_WIDE"):
         got = subprocess.run(["bash", "-c", "\n".join([*lines, next(line for line in script.splitlines()
                                                                     if line.startswith(f"{name}=")),
                                                       f'echo "${name}"'])],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert got == getattr(curves, name)
     quick = script.split("\n  quick)")[1].split(";;")[0]
-    assert all(f'"${name}' in quick for name in ("SASREC_WIDE", "BERT4REC_WIDE", "MOJITO_WIDE"))
+    assert all(f'"${name}' in quick for name in ("SASREC", "BERT4REC_WIDE", "MOJITO_WIDE"))
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
