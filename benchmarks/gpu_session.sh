@@ -123,12 +123,12 @@ case "$phase" in
     #      cut by the clock at epoch 40) on seeds 42-44 (42 again: the step has changed since, all three seeds
     #      from one commit), and the same over 45 epochs (a schedule that ends inside the 10 s): the target is
     #      a mean of three seeds;
-    #   2. the defaults (since session 21: SASRec dim 128, lr 2e-3; ml-1m-half 0.1953 +- 0.0014 on three H100 seeds)
-    #      and the previous ones (dim 64, lr 1e-3) on ml-100k, seeds 42-44;
-    #   3. BERT4Rec and MOJITO at SASRec's width and rate on ml-1m-half, seed by seed: the claims
-    #      against it (curves.py BERT4REC_WIDE, MOJITO_WIDE);
-    #   4. the current defaults' claim seeds still missing from results/models-gpu.json (a row there that
-    #      stopped early is done; one the clock stopped is trained again), as time allows.
+    #   2. the claims against SASRec's defaults (since session 21: dim 128, lr 2e-3; ml-1m-half 0.1953 +- 0.0014
+    #      on three H100 seeds): the defaults' seeds still missing from results/models-gpu.json (MOJITO 43-44,
+    #      BERT4Rec 44; a row there that stopped early is done, one the clock stopped is trained again);
+    #   3. BERT4Rec and MOJITO at SASRec's width and rate on ml-1m-half, seed by seed (curves.py BERT4REC_WIDE,
+    #      MOJITO_WIDE: MOJITO_WIDE matched MOJITO's defaults on ml-100k in fewer epochs);
+    #   4. SASRec's defaults and the previous ones (dim 64, lr 1e-3) on ml-100k, seeds 42-44, as time allows.
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
     # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
@@ -187,16 +187,16 @@ PY
     within 120 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 --work-dir "$WORK/budget3" \
       --seeds 3 --runs "$(budgeted 45 128 0.002),cuda_graph=true" || echo "gpu_session: budget over 45 failed" >&2
     back
+    for offset in 0 1 2; do
+      for run in "$SASREC" "$BERT4REC" "$MOJITO"; do claim_seed "$run" "$offset"; done
+    done
+    for offset in 0 1 2; do
+      for run in "$MOJITO_WIDE" "$BERT4REC_WIDE"; do claim_seed "$run" "$offset"; done
+    done
     within 200 "$PYTHON" benchmarks/bench_models.py --dataset ml-100k --data-root "$DATA_ROOT" --device "$DEVICE" \
       --results benchmarks/results/models-gpu.json --seeds 3 --work-dir "$WORK/m100k" \
       --runs "$SASREC" "${SASREC_D64},dim=64,lr=0.001" || echo "gpu_session: ml-100k SASRec failed" >&2
     back
-    for offset in 0 1 2; do
-      for run in "$MOJITO_WIDE" "$BERT4REC_WIDE"; do claim_seed "$run" "$offset"; done
-    done
-    for offset in 0 1 2; do
-      for run in "$SASREC" "$BERT4REC" "$MOJITO"; do claim_seed "$run" "$offset"; done
-    done
     results=()  # each piece copied its files already
     ;;
   *)
