@@ -121,7 +121,9 @@ TINY_PARAMS_OVERRIDES = {
     "prepare": {"min_user_interactions": 3, "min_item_interactions": 3},
     "train": {"epochs": 3, "patience": 2, "batch_size": 32, "lr": 0.005, "device": "cpu", "progress": "off",
               "eval_batch_size": 64},
-    "sasrec": {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20, "n_negatives": 8},
+    # the tiny rate for SASRec too: params.yaml's sasrec.train.lr (2e-3, for dim 128) would override train.lr
+    "sasrec": {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20, "n_negatives": 8,
+               "train": {"lr": 0.005}},
     "bert4rec": {"dim": 16, "n_layers": 1, "n_heads": 2, "ffn_dim": 32, "max_len": 20, "train": {"patience": 2}},
     "mojito": {"dim": 16, "n_layers": 1, "n_heads": 2, "max_len": 20, "time_dim": 4, "fism_items": 5},
 }
