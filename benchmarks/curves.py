@@ -142,9 +142,11 @@ ABLATION = (
      "dim 128, a budget of 60 epochs: lr 2e-3 after a 100-step warm-up, cosine down to 0"),
     (SASREC_DEFAULT_RUN, SASREC_D64,
      "dim 128 (from 64), lr 2e-3, to early stopping: params.yaml's SASRec since session 21"),
-    # Session 21: params.yaml's SASRec measured again after the CPU dropout change (recsys/models/dropout.py)
+    # Session 21: params.yaml's SASRec at 10f5f20, whose CPU dropout (recsys/models/dropout.py there) drew its
+    # masks from random words; reverted at the session's end (RESULTS.md). These rows hold that commit's code: a
+    # new run of `sasrec` trains today's and would replace them, so it goes to another --results file.
     ("sasrec", SASREC_DEFAULT_RUN,
-     "the same settings at 10f5f20 and later: the CPU's dropout masks from random words instead of bernoulli_"),
+     "the same settings at 10f5f20 (reverted): the CPU's dropout masks from random words instead of bernoulli_"),
     # Session 21: the other two models at SASRec's new width and rate (their defaults stay at dim 64)
     (BERT4REC_WIDE, BERT4REC_DEFAULT_RUN, "BERT4Rec: dim 128, feed-forward 512, lr 2e-3 (from 64, 256, 3e-3)"),
     (MOJITO_LONG, None, "MOJITO's defaults (uniform batches, patience 20, epoch floor 100, whole history)"),

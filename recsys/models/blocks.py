@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.model_configs import check_residual
-from recsys.models.dropout import Dropout, attention
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -29,7 +28,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
-        self.resid_dropout = Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False, kv: torch.Tensor | None = None
@@ -47,7 +46,9 @@ class MultiHeadSelfAttention(nn.Module):
         Lq = q.shape[1]
         q = q.reshape(B, Lq, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, Lq, D/H)
         k, v = (t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (k, v))
-        y = attention(q, k, v, attn_mask, self.dropout if self.training else 0.0)  # (B, H, Lq, D/H)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, Lq, D/H)
         y = y.transpose(1, 2).reshape(B, Lq, D)
         return self.resid_dropout(self.proj(y))
 
@@ -58,7 +59,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.fc2(self.dropout(self.act(self.fc1(x)))))
