@@ -125,6 +125,15 @@ def as_json(config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
+def differing(stored: dict, now: dict, keys) -> list[tuple[str, object, object]]:
+    """(key, stored value, value now) for each of `keys` whose value in `now` differs from the stored one."""
+    return [(k, stored.get(k), now[k]) for k in keys if stored.get(k) != now[k]]
+
+
+def described(diffs: list[tuple[str, object, object]]) -> str:
+    return ", ".join(f"{k}={old!r} (now {new!r})" for k, old, new in diffs)
+
+
 def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None:
     """A finished row in a kept work dir is reused only when each part of `now` equals the row's; anything else
     stops with one sentence naming the differing keys (never a silent mix of two configurations in one table)."""
@@ -133,7 +142,7 @@ def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None
             continue
         stored = row.get(part)
         if isinstance(value, dict) and isinstance(stored, dict):
-            diff = ", ".join(f"{k}={stored.get(k)!r} (now {v!r})" for k, v in value.items() if stored.get(k) != v)
+            diff = described(differing(stored, value, value))
         else:
             diff = f"{stored!r} (now {value!r})"
         raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; {remedy}")
@@ -231,13 +240,13 @@ def row_key(row: dict) -> tuple[str, str, int]:
 _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size"})
 
 
-def changed_settings(stored: dict, new: dict) -> list[str]:
-    """`key=stored (now new)` for each model or train setting the two rows both record and differ in."""
+def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
+    """`differing` over each model or train setting the two rows both record (a budget's aside)."""
     out = []
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
-        out += [f"{k}={old[k]!r} (now {now[k]!r})" for k in sorted(old.keys() & now.keys())
-                if old[k] != now[k] and not (part == "train" and k in _RERUN_FREE)]
+        free = _RERUN_FREE if part == "train" else frozenset()
+        out += differing(old, now, sorted((old.keys() & now.keys()) - free))
     return out
 
 
@@ -257,8 +266,8 @@ def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
                 dataset, run, seed = row_key(r)
                 raise SystemExit(
                     f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
-                    f"{', '.join(diff)}: params.yaml has changed since that row; spell the old value in the run "
-                    f"(`{run.partition('@')[0]}@...,{diff[0].split(' ')[0]}`) to measure it again, or remove "
+                    f"{described(diff)}: params.yaml has changed since that row; spell the old value in the run "
+                    f"(`{run.partition('@')[0]}@...,{diff[0][0]}={diff[0][1]!r}`) to measure it again, or remove "
                     "that row to replace it")
             keep[row_key(r)] = r
         merged = sorted(keep.values(), key=row_key)
