@@ -319,6 +319,11 @@ def test_targets_are_judged_on_the_current_defaults_cpu_and_gpu_rows_with_the_pr
     old = [line for line in lines if line.startswith("| ml-1m-half | defaults of sessions 6–20")]
     assert len(old) == 1 and "| CPU | 3 | 0.1880 ± 0.0000 |" in old[0]
     assert any(line.startswith("| ml-100k | defaults: ") and line.endswith("| not run |") for line in lines)
+    # a claim seed (gpu_session.sh: early stopping under a cap of minutes) is a target's row; a 10-s budget's is not
+    capped = [row(curves.SASREC_D64, s, 0.187, minutes=2.5) for s in (42, 43, 44)]
+    gpu_old = [line for line in curves.targets_table([], capped).splitlines()
+               if line.startswith("| ml-1m-half | defaults of sessions 6–20")]
+    assert len(gpu_old) == 1 and "| GPU | 3 | 0.1870 ± 0.0000 |" in gpu_old[0]
 
 
 def test_the_ablation_table_says_what_each_run_trained_not_what_its_string_builds_today():
