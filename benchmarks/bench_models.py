@@ -237,7 +237,7 @@ def row_key(row: dict) -> tuple[str, str, int]:
 
 # Train settings a row may change when it replaces the stored row of its key: a longer budget trains a
 # clock-stopped run on; where it ran and how it reported are not what it trained.
-_RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size"})
+_RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size", "cpu_allocator"})
 
 
 def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:

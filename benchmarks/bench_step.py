@@ -38,7 +38,7 @@ from recsys.models import build_model, losses  # noqa: E402
 from recsys.sequences import (  # noqa: E402
     SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
 )
-from recsys.device import resolve_device  # noqa: E402
+from recsys.device import resolve_device, retain_cpu_memory  # noqa: E402
 from recsys.step_graph import EAGER_BEFORE_CAPTURE, FixedShapeStep  # noqa: E402
 from recsys.train import (  # noqa: E402
     fixed_shape_step, make_optimizer, optimiser_step, validate, validation_inputs,
@@ -104,6 +104,9 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
     name = model.name
+    # As the trainer does; process-wide, so a run string's `cpu_allocator=system` after a retaining run in the
+    # same process still retains (the row says which it had).
+    retained = device.type == "cpu" and retain_cpu_memory(train_config.cpu_allocator)
     fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
@@ -127,6 +130,7 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
         "epoch_seconds_estimate": round(len(tensors.lengths) / per_second, 1),
         "validation_seconds": round(valid_seconds, 3),
         "first_validation_seconds": round(first_valid_seconds, 3),
+        **({"cpu_allocator": "retain" if retained else "system"} if device.type == "cpu" else {}),
         "batches": len(batches),
         "batch_size": train_config.batch_size,
         "loss_chunk_elements": losses.chunk_elements(device),

@@ -28,7 +28,7 @@ import torch
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError, TrainConfig
-from recsys.device import out_of_memory_as_error
+from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
@@ -170,6 +170,8 @@ def train_model(
     np.random.seed(cfg.seed)
     world = current_world()  # one process, or this rank under torchrun (recsys.distributed)
     device = world.device(cfg.device)
+    if device.type == "cpu":
+        retain_cpu_memory(cfg.cpu_allocator)  # speed only: the same numbers either way
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
     model = build_model(model_name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
