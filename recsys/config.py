@@ -125,9 +125,9 @@ class TrainConfig:
     ema: float = 0.0
     # How the process's C allocator treats the tensors a CPU step frees (glibc on Linux; elsewhere nothing
     # changes): "retain" keeps freed memory in the process for the next step instead of handing every large
-    # block back to the kernel and faulting it in again (recsys.device.retain_cpu_memory: validation 25–35 %
-    # faster on ML-100K, benchmarks/RESULTS.md); "system" leaves the C library's defaults. Speed only: the
-    # same numbers either way.
+    # block back to the kernel and faulting it in again (recsys.device.retain_cpu_memory; ML-100K SASRec:
+    # validation 39 % and the whole run 11 % faster, benchmarks/RESULTS.md); "system" leaves the C library's
+    # defaults. Speed only: the same numbers either way.
     cpu_allocator: Literal["retain", "system"] = "retain"
 
     @property

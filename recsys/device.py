@@ -49,8 +49,9 @@ def retain_cpu_memory(mode: str) -> bool:
     freed, so a CPU step that allocates the same (batch, heads, L, L) attention weights or score table each
     time faults the same pages in again each time (a 40 MB softmax: 45 ms instead of 19 ms). "retain" serves
     large blocks from the heap too (M_MMAP_MAX 0) and keeps up to `RETAINED_BYTES` of freed memory at its top
-    (M_TRIM_THRESHOLD), so the next step reuses pages already mapped. The process holds on to memory up to
-    its own peak; it does not raise the peak. A process-wide setting: once set it stays for the process.
+    (M_TRIM_THRESHOLD), so the next step reuses pages already mapped. The process then stays near its peak
+    memory instead of shrinking between steps, and the peak can grow a little (ML-100K SASRec: 1.11 GB
+    against 1.05 GB; benchmarks/RESULTS.md). A process-wide setting: once set it stays for the process.
     Off Linux, or on a C library without mallopt (musl), nothing changes."""
     global _allocator
     if mode != "retain":
