@@ -106,7 +106,7 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
     name = model.name
     # As the trainer does; process-wide, so a run string's `cpu_allocator=system` after a retaining run in the
     # same process still retains (the row says which it had).
-    retained = device.type == "cpu" and retain_cpu_memory(train_config.cpu_allocator)
+    retained = retain_cpu_memory(train_config.cpu_allocator, device)
     fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.

@@ -64,6 +64,8 @@ def _budget(base: str, epochs: int, lr: float) -> str:
 def budgeted_run(epochs: int, dim: int = 128, lr: float = 0.002) -> str:
     """The SASRec defaults of width `dim` on a budget of `epochs` epochs (gpu_session.sh's `budgeted`)."""
     return _budget(f"{SASREC_D64},dim={dim}", epochs, lr)
+
+
 _R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
 # The defaults with a longer patience instead of the epoch floor (the floor is a data-size setting).
 SASREC_P40 = "sasrec:ce@residual=reference,n_heads=2,patience=40,grad_clip=0,windows=all,batching=random"

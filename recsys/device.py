@@ -39,11 +39,12 @@ def resolve_device(name: str) -> torch.device:
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 # Free memory at the top of the heap kept for the next step rather than returned to the kernel.
 RETAINED_BYTES = 1 << 30
-_allocator: str | None = None  # what this process's C allocator was set to ("retain"), once set
+_retained = False  # whether this process's C allocator has been set to retain
 
 
-def retain_cpu_memory(mode: str) -> bool:
-    """`train.cpu_allocator` for this process; True when the C allocator now keeps what a step frees.
+def retain_cpu_memory(mode: str, device: torch.device) -> bool:
+    """`train.cpu_allocator` for a process training on `device`; True when the C allocator now keeps what a
+    step frees. Only a CPU device's steps allocate through it: on another device nothing is set.
 
     glibc hands every block over its mmap threshold (at most 32 MB) straight back to the kernel when it is
     freed, so a CPU step that allocates the same (batch, heads, L, L) attention weights or score table each
@@ -53,13 +54,15 @@ def retain_cpu_memory(mode: str) -> bool:
     memory instead of shrinking between steps, and the peak can grow a little (ML-100K SASRec: 1.11 GB
     against 1.05 GB; benchmarks/RESULTS.md). A process-wide setting: once set it stays for the process.
     Off Linux, or on a C library without mallopt (musl), nothing changes."""
-    global _allocator
+    global _retained
+    if device.type != "cpu":
+        return False
     if mode != "retain":
-        if _allocator == "retain":
+        if _retained:
             log.warning("train.cpu_allocator=system: an earlier run in this process set retain, which stays "
                         "until the process ends")
-        return _allocator == "retain"
-    if _allocator == "retain":
+        return _retained
+    if _retained:
         return True
     if not sys.platform.startswith("linux"):
         return False
@@ -73,7 +76,7 @@ def retain_cpu_memory(mode: str) -> bool:
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, RETAINED_BYTES)):
         log.debug("train.cpu_allocator: mallopt refused the settings; the C library's defaults stay")
         return False
-    _allocator = "retain"
+    _retained = True
     log.info("train.cpu_allocator=retain: freed CPU memory (up to %d MiB) stays in the process for the next "
              "step (set it to system for the C library's defaults)", RETAINED_BYTES >> 20)
     return True
@@ -81,7 +84,7 @@ def retain_cpu_memory(mode: str) -> bool:
 
 def cpu_memory_retained() -> bool:
     """Whether `retain_cpu_memory` has set this process's C allocator to retain."""
-    return _allocator == "retain"
+    return _retained
 
 
 def is_out_of_memory(err: BaseException) -> bool:

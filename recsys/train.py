@@ -170,8 +170,7 @@ def train_model(
     np.random.seed(cfg.seed)
     world = current_world()  # one process, or this rank under torchrun (recsys.distributed)
     device = world.device(cfg.device)
-    if device.type == "cpu":
-        retain_cpu_memory(cfg.cpu_allocator)  # speed only: the same numbers either way
+    retain_cpu_memory(cfg.cpu_allocator, device)  # on a CPU; speed only: the same numbers either way
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
     model = build_model(model_name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)

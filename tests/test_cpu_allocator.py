@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not _has_mallinfo2(), reason="glibc ≥ 2.33 (ma
 
 # Allocates and frees a 64 MiB tensor, as a step frees its attention weights, then reads glibc's counters:
 # `mmapped` = bytes now in mmap'd blocks while the tensor lives, `kept` = bytes of free heap kept after it is
-# freed. The model and train settings come from the repository's params.yaml with the mode given.
+# freed. The mode is set directly, or (with a prepared dataset and an output dir) by training MostPop on a CPU.
 PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, json, logging, sys
     import torch
@@ -49,7 +49,7 @@ PROBE = textwrap.dedent("""
                     cpu_allocator=sys.argv[1]), sys.argv[2], sys.argv[3])
         applied = cpu_memory_retained()
     else:
-        applied = retain_cpu_memory(sys.argv[1])
+        applied = retain_cpu_memory(sys.argv[1], torch.device("cpu"))
     big = torch.ones(64 << 18)
     mmapped = libc.mallinfo2().hblkhd
     del big
