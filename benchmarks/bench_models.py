@@ -333,6 +333,13 @@ def work_area(work_dir: str | None):
         yield Path(tmp)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number ≥ 1 ("2", not "2.0" or "0")."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), required=True)
@@ -347,6 +354,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--work-dir", default="",
                         help="keep work (and resume state) here; rerun the same command to resume after a kill")
+    parser.add_argument("--shared-device", type=positive_int, default=1, metavar="N",
+                        help="N benchmark processes train on this device at once (one GPU's lease measuring "
+                             "quality in parallel): recorded in each row, whose wall times curves.py then "
+                             "compares with no other row's")
     parser.add_argument("--results", default=str(RESULTS),
                         help="JSON file the rows are merged into (RESULTS.md is rebuilt from the default one only)")
     args = parser.parse_args()
@@ -382,6 +393,7 @@ def main() -> None:
                 row = run_one(run, prepared, work / "prepared", work, params, args.max_minutes, args.device,
                               offset)
                 row.update(dataset=args.dataset, machine=machine(), commit=commit,
+                           shared_device=args.shared_device,
                            command=" ".join([Path(sys.executable).name, *sys.argv]),
                            n_users=prepared.n_users, n_items=prepared.n_items)
                 finished.parent.mkdir(exist_ok=True)

@@ -112,27 +112,23 @@ case "$phase" in
     ;;
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
-    # telling first, each piece bounded so that a slow one cannot starve the rest. Session 20 (an H100) measured
-    # the captured step (SASRec 2.8 x the eager step's sequences/s at batch 128, MOJITO 2.1 x), the graphed
-    # 10-s budgets on seed 42 and the candidate defaults at width 128 (`wide`); what issue 11 still needs:
-    #   0. a profile of the captured step (SASRec at batch 128, dim 128 and 64: bench_step.py --profile): at
-    #      batch 1024 it trained only 7 % more sequences/s than at 128, so it is no longer launch-bound — which
-    #      operators hold it says what to cut next; and the same step with its loss at every position
-    #      (--all-positions, session 20's step) against the loss at the plan's bound (since 20's second half);
-    #   1. the 10-s budget's best setting on seed 42 (dim 128, lr 2e-3, cosine over 60 epochs, graphed: 0.1895,
-    #      cut by the clock at epoch 40) on seeds 42-44 (42 again: the step has changed since, all three seeds
-    #      from one commit), and the same over 45 epochs (a schedule that ends inside the 10 s): the target is
-    #      a mean of three seeds;
-    #   2. the claims against SASRec's defaults (since session 21: dim 128, lr 2e-3; ml-1m-half 0.1953 +- 0.0014
-    #      on three H100 seeds): the defaults' seeds still missing from results/models-gpu.json (MOJITO 43-44,
-    #      BERT4Rec 44; a row there that stopped early is done, one the clock stopped is trained again);
-    #   3. BERT4Rec and MOJITO at SASRec's width and rate on ml-1m-half, seed by seed (curves.py BERT4REC_WIDE,
-    #      MOJITO_WIDE: MOJITO_WIDE matched MOJITO's defaults on ml-100k in fewer epochs);
-    #   4. SASRec's defaults and the previous ones (dim 64, lr 1e-3) on ml-100k, seeds 42-44, as time allows.
+    # telling first, each piece bounded so that a slow one cannot starve the rest. What issue 11 still needs
+    # (session 23):
+    #   1. the 10-s budget's best setting on seed 42 (dim 128, lr 2e-3, cosine over 60 epochs, graphed: 0.1895
+    #      at e72104a, cut by the clock at epoch 40) on seeds 42-44 from one commit, alone on the device: the
+    #      target is a mean of three seeds;
+    #   2. the captured step with its loss at the plan's bound of target positions (session 20) against the
+    #      loss at every position (--all-positions), SASRec at batch 128, dims 128 and 64, alone;
+    #   3. the claims' missing seeds on ml-1m-half (MOJITO's defaults 43-44, BERT4Rec's 44), then BERT4Rec and
+    #      MOJITO at SASRec's width and rate (curves.py *_WIDE), QUICK_SHARED (default 5) processes at once on
+    #      the device with --shared-device: eager at batch 128 a process leaves the GPU mostly idle, so N of
+    #      them measure N seeds' quality in one process's time; curves.py takes their times into no ratio
+    #      (the rows of seeds trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
     # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
     budget_s="${QUICK_S:-540}"
+    mkdir -p "$WORK"
     gpu=(--dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --results benchmarks/results/models-gpu.json)
     step=(benchmarks/bench_step.py --dataset ml-1m-half --data-root "$DATA_ROOT" --device "$DEVICE" --batches 24)
     back() { [[ -z "${OUT:-}" ]] || cp benchmarks/results/step.json benchmarks/results/models-gpu.json "$OUT/" 2>/dev/null || true; }
@@ -152,19 +148,6 @@ sys.exit(0 if any(r["dataset"] == "ml-1m-half" and r["run"] == sys.argv[1] and r
                   and r["stopped_by"] == "early_stopping" for r in rows) else 1)
 PY
     }
-    claim_seed() {  # claim_seed RUN OFFSET: train it to early stopping unless done or too little time is left
-      local run="$1" offset="$2" need=150 cap
-      ! done_on_gpu "$run" "$offset" || return 0
-      # a run that cannot reach its best epoch in what is left is not started (eager, dim 64: SASRec 57-77 s
-      # to best, BERT4Rec 89-127 s, MOJITO 145 s; a clock-stopped row is left out of the claims)
-      [[ $run != sasrec* ]] || need=90
-      cap=$(( $(left) - 40 )); (( cap < 240 )) || cap=240
-      (( cap >= need )) || { echo "gpu_session: too little time left for $run, seed offset $offset" >&2; return 0; }
-      timeout --signal=INT -k 10 $(( cap + 35 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" \
-        --work-dir "$WORK/claims" --seed-offset "$offset" --max-minutes "$(awk "BEGIN{print $cap/60}")" \
-        --runs "$run" || echo "gpu_session: $run, seed offset $offset failed" >&2
-      back
-    }
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     "$PYTHON" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
     if [[ "${QUICK_STEPS:-0}" == 1 ]]; then
@@ -175,27 +158,40 @@ PY
       done
       back
     fi
-    # where the captured step's time goes (per operator, its kernels' own time), at the budget's width and 64,
-    # and what the loss at the plan's bound of target positions gains over the loss at every position
-    within 60 "$PYTHON" "${step[@]}" --models sasrec "sasrec@dim=64" --batch-size 128 --cuda-graph --profile 5 \
-      || echo "gpu_session: step profile failed" >&2
-    within 45 "$PYTHON" "${step[@]}" --models sasrec "sasrec@dim=64" --batch-size 128 --cuda-graph \
-      --all-positions || echo "gpu_session: step at every position failed" >&2
-    back
     within 170 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 --work-dir "$WORK/budget3" \
       --seeds 3 --runs "$(budgeted 60 128 0.002),cuda_graph=true" || echo "gpu_session: budget over 60 failed" >&2
-    within 120 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 0.1667 --work-dir "$WORK/budget3" \
-      --seeds 3 --runs "$(budgeted 45 128 0.002),cuda_graph=true" || echo "gpu_session: budget over 45 failed" >&2
     back
-    for offset in 0 1 2; do
-      for run in "$SASREC" "$BERT4REC" "$MOJITO"; do claim_seed "$run" "$offset"; done
+    for all in "" --all-positions; do
+      within 40 "$PYTHON" "${step[@]}" --models sasrec "sasrec@dim=64" --batch-size 128 --cuda-graph $all \
+        || echo "gpu_session: graphed step ${all:-at the bound} failed" >&2
     done
-    for offset in 0 1 2; do
-      for run in "$MOJITO_WIDE" "$BERT4REC_WIDE"; do claim_seed "$run" "$offset"; done
+    back
+    # the claim seeds still missing, defaults first; a row that stopped early is done (one the clock stopped
+    # is trained again)
+    todo=()
+    for pair in "$MOJITO 1" "$MOJITO 2" "$BERT4REC 2" "$MOJITO_WIDE 0" "$BERT4REC_WIDE 0" \
+                "$MOJITO_WIDE 1" "$BERT4REC_WIDE 1" "$MOJITO_WIDE 2" "$BERT4REC_WIDE 2"; do
+      done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
-    within 200 "$PYTHON" benchmarks/bench_models.py --dataset ml-100k --data-root "$DATA_ROOT" --device "$DEVICE" \
-      --results benchmarks/results/models-gpu.json --seeds 3 --work-dir "$WORK/m100k" \
-      --runs "$SASREC" "${SASREC_D64},dim=64,lr=0.001" || echo "gpu_session: ml-100k SASRec failed" >&2
+    n=${#todo[@]}; (( n <= ${QUICK_SHARED:-5} )) || n=${QUICK_SHARED:-5}
+    cap=$(( $(left) - 45 ))
+    if (( n > 0 && cap >= 60 )); then
+      echo "gpu_session: $n claim runs at once for up to ${cap}s: ${todo[*]:0:$n}" >&2
+      pids=()
+      for pair in "${todo[@]:0:$n}"; do
+        run_="${pair% *}" offset="${pair##* }"
+        timeout --signal=INT -k 10 $(( cap + 30 )) "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" \
+          --work-dir "$WORK/shared-${#pids[@]}" --seed-offset "$offset" --shared-device "$n" --threads 2 \
+          --max-minutes "$(awk "BEGIN{print $cap/60}")" --runs "$run_" > "$WORK/shared-${#pids[@]}.log" 2>&1 &
+        pids+=($!)
+      done
+      for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || echo "gpu_session: claim run $i failed or was cut (log below)" >&2
+        grep -v "^  " "$WORK/shared-$i.log" | tail -n 4 >&2
+      done
+    else
+      echo "gpu_session: no claim runs (${#todo[@]} missing, ${cap}s left)" >&2
+    fi
     back
     results=()  # each piece copied its files already
     ;;

@@ -102,6 +102,34 @@ def test_gpu_tables_judge_the_budget_scoring_and_time_ratio_targets_on_wall_seco
     assert f"| `{mojito}` | 43 |" in again  # but it is in the rows table
 
 
+def test_rows_trained_on_a_shared_gpu_count_for_quality_but_not_for_time():
+    """bench_models.py --shared-device N: several claim seeds trained at once on one GPU measure NDCG; their
+    wall times (N processes time-sliced on one device) never enter a time ratio."""
+    base, mojito = curves.SASREC_DEFAULT_RUN, curves.MOJITO_LONG
+    alone = [_gpu_row(base, 42, 0.19, 40.0, 40.0, 128, 0.0), _gpu_row(mojito, 42, 0.20, 100.0, 100.0, 128, 0.0)]
+    shared = [{**_gpu_row(mojito, s, 0.21, 900.0, 900.0, 128, 0.0), "shared_device": 3} for s in (43, 44)]
+    shared_base = [_gpu_row(base, s, 0.19, 40.0, 40.0, 128, 0.0) for s in (43, 44)]
+    text = curves.gpu_tables([*alone, *shared, *shared_base], [])
+    claim = next(line for line in text.splitlines() if line.startswith(f"| ml-1m-half | {mojito} vs"))
+    assert "| 3 | 0.2067 ± 0.0058 / 0.1900 ± 0.0000 |" in claim  # quality over all three seeds
+    assert "| 100 / 40 s (seeds 42; the others shared the device) | 2.5 × |" in claim  # time over seed 42 only
+    assert claim.endswith("| met |")
+    assert f"| `{mojito}` | 43 | GPU, 3 processes at once |" in text
+    only_shared = curves.gpu_tables([*shared, *shared_base], [])
+    claim = next(line for line in only_shared.splitlines() if line.startswith(f"| ml-1m-half | {mojito} vs"))
+    assert claim.endswith("| — (every seed shared the device) | — | ≥ 1.00 × NDCG, ≤ 3 × time "
+                          "| NDCG met; time not measured alone |")
+
+
+def test_shared_device_is_a_whole_number_of_processes():
+    from bench_models import positive_int
+
+    assert positive_int("3") == 3
+    for bad in ("0", "-1", "2.0", "two", ""):
+        with pytest.raises(Exception, match="whole number"):
+            positive_int(bad)
+
+
 def test_gpu_budget_rows_with_a_cuda_graph_are_a_setting_of_their_own():
     """A graphed budget run (train.cuda_graph) at batch 512 is not averaged with the eager one at 512; a graph
     that reaches the target turns the verdict; a graphed step row says so beside its scoring time."""
@@ -424,10 +452,11 @@ def test_the_gpu_session_script_trains_todays_defaults():
                              capture_output=True, text=True, check=True).stdout.strip()
         assert got == getattr(curves, name)
     quick = script.split("\n  quick)")[1].split(";;")[0]
-    assert all(f'"${name}' in quick for name in ("SASREC", "BERT4REC_WIDE", "MOJITO_WIDE"))
+    # quick's claim runs are (run, seed offset) pairs: the two defaults and both at SASRec's width
+    assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_WIDE", "MOJITO_WIDE"))
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
-        assert '"$MOJITO"' in claims and '"$BERT4REC"' in claims
+        assert '"$MOJITO' in claims and '"$BERT4REC' in claims
         assert "mojito@" not in claims and "bert4rec@" not in claims  # no copy of a run string to go stale
