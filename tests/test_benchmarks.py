@@ -121,6 +121,19 @@ def test_rows_trained_on_a_shared_gpu_count_for_quality_but_not_for_time():
                           "| NDCG met; time not measured alone |")
 
 
+def test_a_gpu_step_row_with_the_loss_at_every_position_says_so():
+    """bench_step.py --all-positions rows sit beside the same commit's rows at the plan's bound: the scoring
+    lines tell them apart."""
+    step = {"dataset": "ml-1m-half", "model": "sasrec", "commit": "c", "device": "cuda", "batch_size": 128,
+            "fixed_shape": True, "cuda_graph": True, "loss_rows": 19200, "validation_seconds": 0.016,
+            "train_sequences_per_second": 28532.0}
+    text = curves.gpu_tables([], [step, {**step, "loss_rows": "all", "train_sequences_per_second": 25296.0}])
+    lines = [line for line in text.splitlines() if "all-users scoring" in line]
+    assert len(lines) == 2
+    assert sum("loss at every position" in line for line in lines) == 1
+    assert "loss at every position" in next(line for line in lines if "25296 sequences/s" in line)
+
+
 def test_shared_device_is_a_whole_number_of_processes():
     from bench_models import positive_int
 
@@ -445,15 +458,16 @@ def test_the_gpu_session_script_trains_todays_defaults():
     sasrec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$SASREC"'])], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert sasrec == curves.SASREC_DEFAULT_RUN
-    for name in ("BERT4REC_WIDE", "MOJITO_WIDE"):
-        got = subprocess.run(["bash", "-c", "\n".join([*lines, next(line for line in script.splitlines()
-                                                                    if line.startswith(f"{name}=")),
-                                                      f'echo "${name}"'])],
+    for name in ("BERT4REC_WIDE", "MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED"):
+        defs = [line for line in script.splitlines() if line.split("=")[0] in {"MOJITO_WIDE", name}]
+        got = subprocess.run(["bash", "-c", "\n".join([*lines, *defs, f'echo "${name}"'])],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert got == getattr(curves, name)
     quick = script.split("\n  quick)")[1].split(";;")[0]
     # quick's claim runs are (run, seed offset) pairs: the two defaults and both at SASRec's width
-    assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_WIDE", "MOJITO_WIDE"))
+    assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_WIDE", "MOJITO_WIDE",
+                                                  "MOJITO_GRAPHED"))
+    assert '"$MOJITO_WIDE_GRAPHED"' in quick
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
