@@ -43,8 +43,9 @@ _retained = False  # whether this process's C allocator has been set to retain
 
 
 def retain_cpu_memory(mode: str, device: torch.device) -> bool:
-    """`train.cpu_allocator` for a process training on `device`; True when the C allocator now keeps what a
-    step frees. Only a CPU device's steps allocate through it: on another device nothing is set.
+    """`train.cpu_allocator` for a process training or scoring on `device` (the trainer, the evaluate
+    stage); True when the C allocator now keeps what a step frees. Only a CPU device's steps allocate through
+    it: on another device nothing is set.
 
     glibc hands every block over its mmap threshold (at most 32 MB) straight back to the kernel when it is
     freed, so a CPU step that allocates the same (batch, heads, L, L) attention weights or score table each
@@ -78,7 +79,7 @@ def retain_cpu_memory(mode: str, device: torch.device) -> bool:
         return False
     _retained = True
     log.info("train.cpu_allocator=retain: freed CPU memory (up to %d MiB) stays in the process for the next "
-             "step (set it to system for the C library's defaults)", RETAINED_BYTES >> 20)
+             "step or scoring batch (set it to system for the C library's defaults)", RETAINED_BYTES >> 20)
     return True
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from recsys.config import EvaluateConfig
-from recsys.device import resolve_device
+from recsys.device import resolve_device, retain_cpu_memory
 from recsys.entry import model_stage_args
 from recsys.layout import Layout
 from recsys.metrics import per_user_metrics
@@ -124,7 +124,11 @@ def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, e
 def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("evaluate stage: score the test split once", argv)
     paths = Layout(root)
-    device = resolve_device(params.train_config(name).device)
+    train_config = params.train_config(name)  # where the model trains is where its test pass runs
+    device = resolve_device(train_config.device)
+    # The test pass's scoring batches free and allocate the same large blocks as validation does in training:
+    # the same allocator setting (speed only; the numbers are the same either way).
+    retain_cpu_memory(train_config.cpu_allocator, device)
     result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate,
                                  device=str(device))
     train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(not _has_mallinfo2(), reason="glibc ≥ 2.33 (ma
 
 # Allocates and frees a 64 MiB tensor, as a step frees its attention weights, then reads glibc's counters:
 # `mmapped` = bytes now in mmap'd blocks while the tensor lives, `kept` = bytes of free heap kept after it is
-# freed. The mode is set directly, or (with a prepared dataset and an output dir) by training MostPop on a CPU.
+# freed. The mode is set directly, or (with a prepared dataset and an output dir) by training MostPop on a CPU,
+# or (`- --evaluate <stage args>`) by the evaluate stage reading it from its params file.
 PROBE = textwrap.dedent("""
     import ctypes, ctypes.util, json, logging, sys
     import torch
@@ -41,7 +42,11 @@ PROBE = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     big = torch.ones(64 << 18)  # 64 MiB: over glibc's largest mmap threshold (32 MiB)
     del big
-    if len(sys.argv) > 2:  # through the trainer, as `python -m recsys.train` takes it
+    if len(sys.argv) > 2 and sys.argv[2] == "--evaluate":  # the evaluate stage, as `python -m recsys.evaluate`
+        from recsys import evaluate
+        evaluate.main(sys.argv[3:])
+        applied = cpu_memory_retained()
+    elif len(sys.argv) > 2:  # through the trainer, as `python -m recsys.train` takes it
         from recsys.config import TrainConfig
         from recsys.model_configs import MostPopConfig
         from recsys.train import train_model
@@ -94,3 +99,21 @@ def test_the_trainer_sets_it_on_a_cpu(mode, tiny_prepared_dir, tmp_path):
     assert state["applied"] is (mode == "retain")
     assert (state["mmapped"] < 64 * MIB) is (mode == "retain"), state
     assert ("train.cpu_allocator=retain" in log) is (mode == "retain")
+
+
+@pytest.mark.parametrize("mode", ["retain", "system"])
+def test_the_evaluate_stage_sets_it_on_a_cpu(mode, tiny_prepared, write_params, tmp_path):
+    """The test pass's scoring batches allocate like validation's: the stage takes the model's setting."""
+    from recsys import train
+    from recsys.prepare import save
+
+    root = tmp_path / "repo"
+    save(tiny_prepared, root / "artifacts" / "prepared")
+    params = write_params({"train": {"device": "cpu", "cpu_allocator": mode}})
+    stage = ["--model", "mostpop", "--params", str(params), "--root", str(root)]
+    train.main(stage)
+    state, log = probe("-", "--evaluate", *stage)
+    assert state["applied"] is (mode == "retain")
+    assert (state["mmapped"] < 64 * MIB) is (mode == "retain"), state
+    assert ("train.cpu_allocator=retain" in log) is (mode == "retain")
+    assert (root / "metrics" / "mostpop.json").is_file()  # the stage ran through
