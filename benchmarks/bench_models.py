@@ -334,8 +334,9 @@ def work_area(work_dir: str | None):
 
 
 def positive_int(text: str) -> int:
-    """argparse type: a whole number ≥ 1 ("2", not "2.0" or "0")."""
-    if not text.isdigit() or int(text) < 1:
+    """argparse type: a whole number ≥ 1 in ASCII digits ("2", not "2.0", "0", "²" or "٢": str.isdigit alone
+    takes the last two, and int() then fails on "²" with argparse's generic message)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
 

@@ -127,7 +127,8 @@ class TrainConfig:
     # changes): "retain" keeps freed memory in the process for the next step instead of handing every large
     # block back to the kernel and faulting it in again (recsys.device.retain_cpu_memory; ML-100K SASRec:
     # validation 39 % and the whole run 11 % faster, benchmarks/RESULTS.md); "system" leaves the C library's
-    # defaults. Speed only: the same numbers either way.
+    # defaults. The trainer and the evaluate stage (its test pass) apply it. Speed only: the same numbers
+    # either way.
     cpu_allocator: Literal["retain", "system"] = "retain"
 
     @property

@@ -138,7 +138,7 @@ def test_shared_device_is_a_whole_number_of_processes():
     from bench_models import positive_int
 
     assert positive_int("3") == 3
-    for bad in ("0", "-1", "2.0", "two", ""):
+    for bad in ("0", "-1", "2.0", "two", "", "²", "٢", " 2"):
         with pytest.raises(Exception, match="whole number"):
             positive_int(bad)
 
