@@ -98,6 +98,11 @@ SASREC_GRAPHED = f"{SASREC_DEFAULT_RUN},cuda_graph=true"
 MOJITO_GRAPHED = f"{MOJITO_LONG},cuda_graph=true"
 MOJITO_WIDE_GRAPHED = f"{MOJITO_WIDE},cuda_graph=true"
 MOJITO_LR2_GRAPHED = f"{MOJITO_LR2},cuda_graph=true"
+# Session 24: BERT4Rec masking exactly round(ρ·n) tokens a row (the reference code's; model `masking`), the
+# count its fixed-shape (graphed) step can cut the loss to, eagerly and graphed.
+BERT4REC_EXACT = f"{BERT4REC_DEFAULT_RUN},masking=exact"
+BERT4REC_GRAPHED = f"{BERT4REC_DEFAULT_RUN},cuda_graph=true"
+BERT4REC_EXACT_GRAPHED = f"{BERT4REC_EXACT},cuda_graph=true"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -164,6 +169,9 @@ ABLATION = (
     (MOJITO_LONG, None, "MOJITO's defaults (uniform batches, patience 20, epoch floor 100, whole history)"),
     (MOJITO_WIDE, MOJITO_LONG, "MOJITO: dim 128, lr 2e-3 (from 64, 1e-3)"),
     (MOJITO_LR2, MOJITO_LONG, "MOJITO: lr 2e-3 (from 1e-3), dim 64 kept"),
+    # Session 24
+    (BERT4REC_EXACT, BERT4REC_DEFAULT_RUN,
+     "BERT4Rec: exactly round(ρ·n) masked tokens a row, the reference code's (from each with probability ρ)"),
 )
 
 
@@ -277,6 +285,9 @@ CLAIMS = (
     (MOJITO_GRAPHED, SASREC_GRAPHED, 1.00, 3.0),
     (MOJITO_WIDE_GRAPHED, SASREC_GRAPHED, 1.00, 3.0),
     (MOJITO_LR2_GRAPHED, SASREC_GRAPHED, 1.00, 3.0),
+    (BERT4REC_EXACT, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_GRAPHED, SASREC_GRAPHED, 0.90, 3.0),
+    (BERT4REC_EXACT_GRAPHED, SASREC_GRAPHED, 0.90, 3.0),
     # the record: against the defaults of sessions 6–20 (dim 64, lr 1e-3)
     ("mojito", SASREC_D64, 1.00, 3.0),
     ("mojito@batching=random", SASREC_D64, 1.00, 3.0),

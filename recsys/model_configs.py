@@ -70,9 +70,15 @@ class BERT4RecConfig:
     # (config_from_dict fills a missing key from here); params.yaml trains reference + head_norm.
     residual: Literal["pre_ln", "reference"] = "pre_ln"
     head_norm: bool = False  # Sun et al.'s output transform: LayerNorm(GELU(h W + b)) before Eᵀ
+    # How many tokens a random-mask row masks: "bernoulli", each with probability mask_prob (anything from 1
+    # to n); "exact", round(mask_prob·n) of them (at least 1), as the reference code's cloze samples — a
+    # bound the fixed-shape step's loss can be cut to (train.cuda_graph: loss rows ≈ mask_prob × tokens).
+    masking: Literal["bernoulli", "exact"] = "bernoulli"
 
     def __post_init__(self) -> None:
         check_residual(self.residual)
+        if self.masking not in ("bernoulli", "exact"):
+            raise ValueError(f"masking must be 'bernoulli' or 'exact', got {self.masking!r}")
         if not 0.0 < self.mask_prob <= 1.0:
             raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
         if not 0.0 <= self.last_item_share <= 1.0:

@@ -13,8 +13,8 @@ What it takes: every shape fixed, and nothing that waits for the device.
   (`losses.kept_first`); `loss_rows` is set before each epoch from its batch plan — the most loss positions
   any of its batches can hold (the model's `loss_positions` per span), rounded up to an eighth of the full
   width — so the softmax over the catalogue skips the padding positions (44 % of a full-width ml-1m-half batch
-  at batch 128) and a run holds a graph or two, one per rounded size (BERT4Rec computes it at all of its
-  tokens, not only the masked ones: more arithmetic, on a GPU cheaper than the launches).
+  at batch 128) and a run holds a graph or two, one per rounded size. BERT4Rec's bound is every token under
+  `masking: bernoulli` (any number may be masked) and round(mask_prob·n) per span under `masking: exact`.
   MOJITO's time encoder uses fixed-size tables off the CPU (recsys/models/mojito.py).
 - Gradient clipping and Adam (fused, `capturable`) run on the device.
 - The learning rate is a tensor on the device that the captured optimiser step reads at every replay (fused

@@ -292,11 +292,12 @@ def test_bert4rec_sees_every_event_of_a_trainer_batch(max_len):
         assert row == (np.arange(1, n + 1) + 10 * r).tolist()[-max_len:]
 
 
+@pytest.mark.parametrize("masking", ["bernoulli", "exact"])
 @pytest.mark.parametrize("mask_prob,share", [(0.2, 0.1), (0.5, 0.0), (0.05, 0.3)])
-def test_bert4rec_loss_terms_are_the_expected_masked_positions(mask_prob, share):
+def test_bert4rec_loss_terms_are_the_expected_masked_positions(mask_prob, share, masking):
     """`loss_terms` (the weights of a step's micro-batches) is the mean number of positions `cloze_mask`
     masks in a span of n events, n capped at max_len — the fallback mask of an all-unmasked row included."""
-    model = make_model("bert4rec", mask_prob=mask_prob, last_item_share=share)
+    model = make_model("bert4rec", mask_prob=mask_prob, last_item_share=share, masking=masking)
     lengths = np.array([2, 3, 5, 9, 12, 30])  # events per span; max_len is L
     seq = torch.zeros(len(lengths), L, dtype=torch.long)
     for r, n in enumerate(np.minimum(lengths, L)):
@@ -306,6 +307,33 @@ def test_bert4rec_loss_terms_are_the_expected_masked_positions(mask_prob, share)
     expected = torch.from_numpy(model.loss_terms(lengths)).float()
     assert lengths.max() > L  # the cap is exercised
     torch.testing.assert_close(draws, expected, rtol=0.03, atol=0.03)
+
+
+def test_bert4rec_exact_masking_masks_round_p_n_tokens_drawn_uniformly():
+    """`masking: exact`: a random-mask row of n tokens masks exactly round(ρ·n) ≥ 1 of them, never padding,
+    each token equally likely; a last-item-only row masks its newest token alone."""
+    model = make_model("bert4rec", mask_prob=0.3, last_item_share=0.0, masking="exact")
+    tokens = torch.tensor([1, 2, 3, 5, 7, L])  # round(0.3·n): 0 → 1, 1, 1, 2 (1.5 rounds up), 2, ...
+    seq = torch.zeros(len(tokens), L, dtype=torch.long)
+    for r, n in enumerate(tokens.tolist()):
+        seq[r, L - n :] = torch.arange(1, n + 1)
+    want = torch.from_numpy(model.exact_counts(tokens.numpy()))
+    assert want[:4].tolist() == [1, 1, 1, 2]
+    torch.manual_seed(0)
+    total = torch.zeros(seq.shape)
+    draws = 3000
+    for _ in range(draws):
+        masked = model.cloze_mask(seq)
+        assert torch.equal(masked.sum(1), want) and not (masked & (seq == 0)).any()
+        total += masked
+    share = total / draws  # each of a row's n tokens: masked with probability k / n
+    expected = (want / tokens).float()[:, None].expand_as(share)
+    real = seq > 0
+    torch.testing.assert_close(share[real], expected[real], rtol=0, atol=0.04)
+    only_last = make_model("bert4rec", mask_prob=0.3, last_item_share=1.0, masking="exact").cloze_mask(seq)
+    assert only_last[:, -1].all() and not only_last[:, :-1].any()
+    empty = model.cloze_mask(torch.zeros(2, L, dtype=torch.long))
+    assert not empty.any() and model.exact_counts(np.array([0])).tolist() == [0]
 
 
 def test_bert4rec_masking_never_selects_padding():
@@ -332,6 +360,8 @@ def test_bert4rec_sampled_loss_trains():
     assert torch.isfinite(loss) and model.item_emb.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError):
         BERT4RecConfig(mask_prob=0.0)
+    with pytest.raises(ValueError, match="masking must be 'bernoulli' or 'exact', got 'random'"):
+        BERT4RecConfig(masking="random")
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "mojito"])

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from recsys.config import ConfigError, TrainConfig
 from recsys.model_configs import MODEL_CONFIGS
 from recsys.models import build_model
+from recsys.models.bert4rec import full_sequences
 from recsys.models.losses import kept_first
 from recsys.sequences import SequenceData, TrainingTensors, random_batch_rows
 from recsys.step_graph import FixedShapeStep
@@ -104,6 +105,40 @@ def test_loss_positions_bound_the_positions_each_models_loss_keeps(tiny_prepared
     got = torch.cat(kept).numpy()
     want = model.loss_positions(tensors.lengths[np.concatenate(plan)])
     assert (got == want).all() and got.max() == config.max_len
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_bert4rec_exact_masking_bounds_its_loss_at_a_share_of_the_tokens(tiny_prepared, share, monkeypatch):
+    """`masking: exact`: the fixed-shape loss keeps exactly round(ρ·n) positions of a random-mask span (one
+    of a last-item-only span: under the bound), so the plan's loss rows are ≈ ρ of Bernoulli's; and the loss
+    computed on those gathered rows is cross-entropy at exactly the positions `cloze_mask` drew."""
+    config, data, tensors, plan = _setup(tiny_prepared, 24, "bert4rec")
+    config = dataclasses.replace(config, mask_prob=0.3, last_item_share=share, masking="exact")
+    model, _ = _model(config, data, "bert4rec")
+    rows = np.concatenate(plan)
+    bound = model.loss_positions(tensors.lengths[rows])
+    bernoulli = build_model("bert4rec", dataclasses.replace(config, masking="bernoulli"), data.n_items,
+                            data.n_users)
+    every = bernoulli.loss_positions(tensors.lengths[rows])
+    assert bound.sum() < 0.45 * every.sum() and (bound >= 1).all()
+    width = int(tensors.items.shape[1]) - 1
+    for batch_rows in plan:
+        step_rows = int(model.loss_positions(tensors.lengths[batch_rows]).sum())
+        batch = dataclasses.replace(tensors.batch(torch.from_numpy(batch_rows), width), fixed_shape=True,
+                                    loss_rows=step_rows)
+        drawn = []
+        original = model.cloze_mask
+        monkeypatch.setattr(model, "cloze_mask", lambda seq: drawn.append(original(seq)) or drawn[-1])
+        loss = model.loss(batch)
+        monkeypatch.undo()
+        masked = drawn[0]
+        counts, want = masked.sum(1).numpy(), model.loss_positions(tensors.lengths[batch_rows])
+        assert (counts <= want).all() and (share > 0 or (counts == want).all())
+        seq = full_sequences(batch, config.max_len)
+        with torch.no_grad():
+            logits = model.output_logits(model(seq.masked_fill(masked, model.mask_id))[masked])
+        torch.testing.assert_close(loss.detach(), torch.nn.functional.cross_entropy(logits, seq[masked]),
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_kept_first_gathers_the_kept_positions_in_order_into_fixed_slots():

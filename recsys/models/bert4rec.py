@@ -12,6 +12,10 @@ As in the paper, some training samples mask only the last item, which is exactly
 one such sample per user next to its ten random-mask copies, ≈ 1/11; params.yaml's 0.1 beat 0.25 and 0.5 on
 ML-100K: such a row teaches one target where a random-mask row teaches ρ·n). Masking never selects padding,
 and a row whose random draw masked nothing gets its last item masked so that every row teaches something.
+`masking` says how many tokens a random-mask row of n tokens masks: "bernoulli" draws each with probability
+ρ (from 1 to n); "exact" masks round(ρ·n) of them, at least one, drawn uniformly without replacement — the
+reference code's `create_masked_lm_predictions`. An exact count is a bound a fixed-shape step
+(`train.cuda_graph`) cuts its loss to (≈ ρ of the tokens), where Bernoulli's bound is every token.
 
 Deviations, on purpose: the encoder's blocks are the SASRec reference code's arrangement (`residual:
 reference`, the params.yaml default; `pre_ln` for pre-LN blocks; blocks.py) with a final LayerNorm instead
@@ -54,7 +58,7 @@ def full_sequences(batch: Batch, max_len: int) -> torch.Tensor:
 class BERT4Rec(SequentialModel):
     name = "bert4rec"
     id_rows = {"item_emb.weight": "items", "out_bias": "items"}  # item_emb's last row is [mask]
-    warm_free_fields = frozenset({"dropout", "mask_prob", "last_item_share", "n_negatives"})
+    warm_free_fields = frozenset({"dropout", "mask_prob", "last_item_share", "n_negatives", "masking"})
     fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: BERT4RecConfig, n_items: int, n_users: int):
@@ -98,10 +102,24 @@ class BERT4Rec(SequentialModel):
         logits[:, 0] = float("-inf")
         return logits
 
+    def exact_counts(self, tokens: np.ndarray) -> np.ndarray:
+        """Tokens a random-mask row of `tokens` tokens masks under `masking: exact`: round(ρ·n), at least one
+        (none in an empty row). Double-precision arithmetic, as `cloze_mask`'s, so the two agree exactly."""
+        n = np.asarray(tokens, dtype=np.float64)
+        k = np.maximum(1.0, np.floor(n * self.config.mask_prob + 0.5))
+        return np.where(n > 0, k, 0.0).astype(np.int64)
+
     def cloze_mask(self, seq: torch.Tensor) -> torch.Tensor:
         """(B, L) bool: which positions to mask. Never padding; at least one per non-empty row."""
         valid = seq > 0
-        masked = (torch.rand(seq.shape, device=seq.device) < self.config.mask_prob) & valid
+        draw = torch.rand(seq.shape, device=seq.device)
+        if self.config.masking == "exact":  # the round(ρ·n) smallest draws of the row's tokens (no host sync)
+            n = valid.sum(1, dtype=torch.float64)
+            k = torch.where(n > 0, torch.floor(n * self.config.mask_prob + 0.5).clamp_min(1.0), 0.0)
+            rank = draw.masked_fill(~valid, 2.0).argsort(dim=1).argsort(dim=1)  # padding ranks last
+            masked = rank < k.to(torch.long)[:, None]
+        else:
+            masked = (draw < self.config.mask_prob) & valid
         last_only = torch.rand(seq.shape[0], device=seq.device) < self.config.last_item_share  # (B,)
         # Left padding puts the newest item at -1; rows with nothing masked fall back to it too.
         fallback = last_only | ~masked.any(dim=1)
@@ -111,22 +129,26 @@ class BERT4Rec(SequentialModel):
 
     def loss_terms(self, lengths: np.ndarray) -> np.ndarray:
         """Expected masked positions of a span of n events (n tokens up to max_len; `cloze_mask`): one with
-        probability last_item_share, else p·n, plus the fallback one when nothing was masked — the weights of
-        a step's micro-batches, exact when mask_prob is 1."""
+        probability last_item_share, else p·n plus the fallback one when nothing was masked (bernoulli) or
+        round(p·n) (exact) — the weights of a step's micro-batches, exact when mask_prob is 1."""
         n = np.minimum(lengths, self.config.max_len).astype(np.float64)
         p, share = self.config.mask_prob, self.config.last_item_share
+        if self.config.masking == "exact":
+            return share + (1 - share) * self.exact_counts(n)
         return share + (1 - share) * (p * n + (1 - p) ** n)
 
     def loss_positions(self, lengths: np.ndarray) -> np.ndarray:
-        """Masked positions are tokens of the span (n up to max_len): at most all of them."""
-        return np.minimum(lengths, self.config.max_len)
+        """Masked positions are tokens of the span (n up to max_len): at most all of them (bernoulli), exactly
+        round(p·n) ≥ 1 (exact; a last-item-only row's one is no more)."""
+        n = np.minimum(lengths, self.config.max_len)
+        return self.exact_counts(n) if self.config.masking == "exact" else n
 
     def loss(self, batch: Batch) -> torch.Tensor:
         seq = full_sequences(batch, self.config.max_len)  # (B, L)
         masked = self.cloze_mask(seq)
         inputs = seq.masked_fill(masked, self.mask_id)
         cfg = self.config
-        if batch.fixed_shape:  # every position, the unmasked ones left out of the mean: no data-dependent shape
+        if batch.fixed_shape:  # masked positions gathered into `loss_rows` slots: no data-dependent shape
             if why := self.fixed_shape_refusal():
                 raise ValueError(why)
             weight = self.item_emb.weight[1 : self.n_items + 1]
