@@ -60,6 +60,10 @@ MOJITO_GRAPHED="${MOJITO},cuda_graph=true"
 MOJITO_WIDE_GRAPHED="${MOJITO_WIDE},cuda_graph=true"
 # MOJITO at SASRec's rate, its own width (curves.py MOJITO_LR2_GRAPHED)
 MOJITO_LR2_GRAPHED="${MOJITO},lr=0.002,cuda_graph=true"
+# BERT4Rec graphed, masking exactly round(rho*n) tokens a row: its loss cut to those (curves.py BERT4REC_EXACT_GRAPHED)
+BERT4REC_EXACT_GRAPHED="${BERT4REC},masking=exact,cuda_graph=true"
+# the same model for bench_step.py (params.yaml's BERT4Rec with exact masking)
+BERT4REC_EXACT_STEP='bert4rec@masking=exact'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
 BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
 # `budgeted N [DIM] [LR]`: a budget of N epochs, a 100-step warm-up to LR (2e-3), cosine down to 0 by the end
@@ -120,15 +124,19 @@ case "$phase" in
     # telling first, each piece bounded so that a slow one cannot starve the rest. What issue 11 still needs
     # (after session 23, which met the 10-s target over three seeds and completed the claims' seeds):
     #   1. MOJITO's GPU time: graphed it took 5.7 x SASRec's graphed time to best (86 / 15 s, seed 42: 2.7 x
-    #      an epoch, 2.1 x the epochs). Two ways to fewer epochs, each graphed and alone on the device, seeds
-    #      42-44: SASRec's rate at MOJITO's width (MOJITO_LR2: on ml-100k, this CPU, the same test NDCG@10 at
-    #      best epoch 51 instead of 129, seed 42 — RESULTS session 23), then SASRec's width and rate
-    #      (MOJITO_WIDE: best epoch 61 instead of 97 on ml-1m-half, seed 42, 0.1962 against 0.2008);
-    #   2. where the captured MOJITO step's time goes (--profile), and BERT4Rec's captured step (unmeasured);
-    #   3. quality seeds, QUICK_SHARED (default 5) processes at once on the device with --shared-device
-    #      (session 23: five eager processes ran at ~75 % of one's speed each): MOJITO graphed 43-44, then the
-    #      *_WIDE runs' seeds 43-44; curves.py takes their times into no ratio (the rows of seeds trained alone
-    #      give the claims' times).
+    #      an epoch, 2.1 x the epochs). SASRec's rate at MOJITO's width, graphed and alone on the device, seeds
+    #      42-44 (MOJITO_LR2: on ml-100k, this CPU, the same test NDCG@10 at best epochs 43-51 instead of
+    #      80-129 — RESULTS session 23);
+    #   2. where the captured MOJITO and BERT4Rec steps' time goes (--profile), BERT4Rec with Bernoulli and
+    #      with exact masking (session 24: exact cuts its graphed loss to ~0.3 of the tokens);
+    #   3. BERT4Rec graphed with exact masking, seed 42 alone: its time ratio against graphed SASRec (eager
+    #      BERT4Rec took 2.9 x eager SASRec's time and reached 0.86 x its NDCG@10);
+    #   4. SASRec's width and rate for MOJITO, graphed and alone (MOJITO_WIDE: best epoch 61 instead of 97 on
+    #      ml-1m-half, seed 42, 0.1962 against 0.2008), seed 42;
+    #   5. quality seeds, QUICK_SHARED (default 5) processes at once on the device with --shared-device
+    #      (session 23: five eager processes ran at ~75 % of one's speed each): graphed BERT4Rec (exact) 43-44,
+    #      MOJITO graphed 43-44, then the *_WIDE runs' seeds; curves.py takes their times into no ratio (the
+    #      rows of seeds trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
     # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
@@ -166,16 +174,20 @@ PY
     within 200 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.2 --work-dir "$WORK/mojito-lr2" \
       --seeds 3 --runs "$MOJITO_LR2_GRAPHED" || echo "gpu_session: graphed MOJITO at lr 2e-3 failed" >&2
     back
-    within 240 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.4 --work-dir "$WORK/mojito-wide" \
-      --seeds 3 --runs "$MOJITO_WIDE_GRAPHED" || echo "gpu_session: graphed MOJITO at width 128 failed" >&2
+    within 70 "$PYTHON" "${step[@]}" --models mojito bert4rec "$BERT4REC_EXACT_STEP" --batch-size 128 \
+      --cuda-graph --profile 5 || echo "gpu_session: graphed MOJITO / BERT4Rec step failed" >&2
     back
-    within 60 "$PYTHON" "${step[@]}" --models mojito bert4rec --batch-size 128 --cuda-graph --profile 5 \
-      || echo "gpu_session: graphed MOJITO / BERT4Rec step failed" >&2
+    within 130 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.8 --work-dir "$WORK/bert4rec-exact" \
+      --runs "$BERT4REC_EXACT_GRAPHED" || echo "gpu_session: graphed BERT4Rec (exact masking) failed" >&2
+    back
+    within 90 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.2 --work-dir "$WORK/mojito-wide" \
+      --runs "$MOJITO_WIDE_GRAPHED" || echo "gpu_session: graphed MOJITO at width 128 failed" >&2
     back
     # the claim seeds still missing, defaults first; a row that stopped early is done (one the clock stopped
     # is trained again)
     todo=()
-    for pair in "$MOJITO 1" "$MOJITO 2" "$BERT4REC 2" "$MOJITO_GRAPHED 1" "$MOJITO_GRAPHED 2" \
+    for pair in "$MOJITO 1" "$MOJITO 2" "$BERT4REC 2" "$BERT4REC_EXACT_GRAPHED 1" "$BERT4REC_EXACT_GRAPHED 2" \
+                "$MOJITO_GRAPHED 1" "$MOJITO_GRAPHED 2" "$MOJITO_WIDE_GRAPHED 1" "$MOJITO_WIDE_GRAPHED 2" \
                 "$MOJITO_WIDE 1" "$MOJITO_WIDE 2" "$BERT4REC_WIDE 1" "$BERT4REC_WIDE 2"; do
       done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
