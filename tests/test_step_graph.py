@@ -122,16 +122,15 @@ def test_bert4rec_exact_masking_bounds_its_loss_at_a_share_of_the_tokens(tiny_pr
     every = bernoulli.loss_positions(tensors.lengths[rows])
     assert bound.sum() < 0.45 * every.sum() and (bound >= 1).all()
     width = int(tensors.items.shape[1]) - 1
+    drawn = []  # the mask each loss call draws
+    original = model.cloze_mask
+    monkeypatch.setattr(model, "cloze_mask", lambda seq: drawn.append(original(seq)) or drawn[-1])
     for batch_rows in plan:
         step_rows = int(model.loss_positions(tensors.lengths[batch_rows]).sum())
         batch = dataclasses.replace(tensors.batch(torch.from_numpy(batch_rows), width), fixed_shape=True,
                                     loss_rows=step_rows)
-        drawn = []
-        original = model.cloze_mask
-        monkeypatch.setattr(model, "cloze_mask", lambda seq: drawn.append(original(seq)) or drawn[-1])
         loss = model.loss(batch)
-        monkeypatch.undo()
-        masked = drawn[0]
+        masked = drawn[-1]
         counts, want = masked.sum(1).numpy(), model.loss_positions(tensors.lengths[batch_rows])
         assert (counts <= want).all() and (share > 0 or (counts == want).all())
         seq = full_sequences(batch, config.max_len)
