@@ -172,6 +172,8 @@ ABLATION = (
     # Session 24
     (BERT4REC_EXACT, BERT4REC_LIS01,
      "BERT4Rec: exactly round(ρ·n) masked tokens a row, the reference code's (from each with probability ρ)"),
+    (f"{BERT4REC_EXACT},mask_prob=0.4", BERT4REC_EXACT,
+     "BERT4Rec: mask rate 0.4 with exact masking (from 0.3): more targets a row an epoch"),
     (_budget(BERT4REC_LIS01, 300, 0.003), BERT4REC_LIS01,
      "BERT4Rec: a budget of 300 epochs, lr 3e-3 after a 100-step warm-up, cosine down to 0 (Bernoulli masking)"),
 )
