@@ -85,8 +85,8 @@ BERT4REC_REF_HN = f"{BERT4REC_REF},head_norm=true"
 BERT4REC_LIS01 = f"{BERT4REC_REF_HN},last_item_share=0.1"
 BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 # Session 20: the two other models at SASRec's new width and rate (BERT4Rec's feed-forward kept at 4 × the
-# width); their defaults stay at dim 64 (RESULTS.md says why). Measured with Bernoulli masking (sessions 13–23's
-# default), as every BERT4REC_* run above: today the same strings would train `masking: exact`.
+# width); their defaults stay at dim 64 (RESULTS.md says why). Measured with Bernoulli masking (sessions
+# 13–23's default), as every BERT4REC_* run above: today the same strings would train `masking: exact`.
 BERT4REC_WIDE = f"{BERT4REC_LIS01},dim=128,ffn_dim=512,lr=0.002"
 MOJITO_WIDE = f"{MOJITO_LONG},dim=128,lr=0.002"
 # Session 23: MOJITO's width with SASRec's rate — fewer epochs to its best without the wider step
@@ -175,7 +175,8 @@ ABLATION = (
     (f"{BERT4REC_EXACT},mask_prob=0.4", BERT4REC_EXACT,
      "BERT4Rec: mask rate 0.4 with exact masking (from 0.3): more targets a row an epoch"),
     (_budget(BERT4REC_LIS01, 300, 0.003), BERT4REC_LIS01,
-     "BERT4Rec: a budget of 300 epochs, lr 3e-3 after a 100-step warm-up, cosine down to 0 (Bernoulli masking)"),
+     "BERT4Rec: a budget of 300 epochs, lr 3e-3 after a 100-step warm-up, cosine down to 0 "
+     "(Bernoulli masking)"),
 )
 
 
