@@ -240,30 +240,48 @@ def row_key(row: dict) -> tuple[str, str, int]:
 _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size", "cpu_allocator"})
 
 
-def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
-    """`differing` over each model or train setting the two rows both record (a budget's aside)."""
+def changed_settings(stored: dict, new: dict,
+                     free: frozenset[str] = _RERUN_FREE) -> list[tuple[str, object, object]]:
+    """`differing` over each model or train setting the two rows both record (a budget's aside; `free`: the
+    train settings left out)."""
     out = []
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
-        free = _RERUN_FREE if part == "train" else frozenset()
-        out += differing(old, now, sorted((old.keys() & now.keys()) - free))
+        out += differing(old, now, sorted((old.keys() & now.keys()) - (free if part == "train" else set())))
     return out
+
+
+def conflicting_row(keep: dict, row: dict) -> tuple[dict | None, list[tuple[str, object, object]]]:
+    """A stored row `row` may not join, and how their settings differ: the row of its key, or — where that
+    one agrees or is missing — a row of its run string at another seed (seeds aside: one string, one
+    setting)."""
+    key = row_key(row)
+    stored = keep.get(key)
+    diff = changed_settings(stored, row) if stored else []
+    if diff:
+        return stored, diff
+    for other_key, other in keep.items():
+        if other_key[:2] == key[:2] and other_key != key:
+            diff = changed_settings(other, row, _RERUN_FREE | {"seed"})
+            if diff:
+                return other, diff
+    return None, []
 
 
 def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
     """Read-modify-write under a lock: several benchmark processes may finish runs at the same time. The
     RESULTS.md tables are built from the default file only; another `path` (GPU rows, whose (dataset, run,
-    seed) keys would replace the CPU rows') is merged alone. A row never replaces one of its key that trained
-    other settings: a run string is read against params.yaml as it is, so after a default changes the same
-    string trains something else (nothing is written then)."""
+    seed) keys would replace the CPU rows') is merged alone. A row never replaces one of its key, nor joins
+    the rows of its run string at other seeds, that trained other settings: a run string is read against
+    params.yaml as it is, so after a default changes the same string trains something else (nothing is
+    written then)."""
     with claimed(path):
         existing = json.loads(path.read_text()) if path.is_file() else []
         keep = {row_key(r): r for r in existing}
         for r in results:
-            stored = keep.get(row_key(r))
-            diff = changed_settings(stored, r) if stored else []
+            stored, diff = conflicting_row(keep, r)
             if diff:
-                dataset, run, seed = row_key(r)
+                dataset, run, seed = row_key(stored)
                 raise SystemExit(
                     f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
                     f"{described(diff)}: params.yaml has changed since that row; spell the old value in the run "

@@ -323,7 +323,8 @@ def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_pat
 def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_path):
     """A run string is read against params.yaml as it is: after SASRec's default width changed, the string of
     the old defaults trains the new ones. Its rows keep their configuration, and merge refuses to put a row
-    of other settings under a stored row's key (one sentence, the file untouched); a longer budget may."""
+    of other settings under a stored row's key or beside its rows at other seeds (one sentence, the file
+    untouched); a longer budget may."""
     from bench_models import configs_for, merge
 
     params = load_params(ROOT / "params.yaml")
@@ -341,6 +342,15 @@ def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_pat
     assert path.read_text() == before
     longer = {**old, "test_ndcg@10": 0.114, "train": {**old["train"], "max_minutes": 90.0}}
     assert merge([longer], path)[0]["test_ndcg@10"] == 0.114  # the same settings under a larger budget
+    # nor may it join the string's rows at other seeds: one run string, one setting (the seed aside)
+    before = path.read_text()
+    other_seed = {**again, "seed": 43, "train": {**again["train"], "seed": 43}}
+    with pytest.raises(SystemExit, match=r"already holds ml-100k `sasrec:ce@.*` seed 42 trained with other "
+                                         r"settings — dim=64 \(now 128\), lr=0.001 \(now 0.002\)"):
+        merge([other_seed], path)
+    assert path.read_text() == before
+    same = {**old, "seed": 43, "test_ndcg@10": 0.117, "train": {**old["train"], "seed": 43}}
+    assert [r["seed"] for r in merge([same], path)] == [42, 43]
 
 
 def test_targets_are_judged_on_the_current_defaults_cpu_and_gpu_rows_with_the_previous_ones_beside():
