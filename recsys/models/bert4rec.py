@@ -78,6 +78,10 @@ class BERT4Rec(SequentialModel):
         self.head = nn.Linear(d, d)  # W, b of GELU(h W + b) Eᵀ + b_o
         self.head_norm = nn.LayerNorm(d) if config.head_norm else nn.Identity()
         self.out_bias = nn.Parameter(torch.zeros(n_items + 1))  # b_o; [mask] is never a candidate
+        # `masking: exact`'s count per row of n tokens (index n ≤ max_len): `exact_counts`, looked up on the
+        # device by `cloze_mask`, so the mask and the loss bound come from one formula.
+        self.register_buffer("exact_k", torch.from_numpy(self.exact_counts(np.arange(config.max_len + 1))),
+                             persistent=False)
         self.apply(_init_weights)
 
     def forward(self, items: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -104,7 +108,7 @@ class BERT4Rec(SequentialModel):
 
     def exact_counts(self, tokens: np.ndarray) -> np.ndarray:
         """Tokens a random-mask row of `tokens` tokens masks under `masking: exact`: round(ρ·n), at least one
-        (none in an empty row). Double-precision arithmetic, as `cloze_mask`'s, so the two agree exactly."""
+        (none in an empty row); `cloze_mask` reads them from the `exact_k` table built from this."""
         n = np.asarray(tokens, dtype=np.float64)
         k = np.maximum(1.0, np.floor(n * self.config.mask_prob + 0.5))
         return np.where(n > 0, k, 0.0).astype(np.int64)
@@ -114,10 +118,9 @@ class BERT4Rec(SequentialModel):
         valid = seq > 0
         draw = torch.rand(seq.shape, device=seq.device)
         if self.config.masking == "exact":  # the round(ρ·n) smallest draws of the row's tokens (no host sync)
-            n = valid.sum(1, dtype=torch.float64)
-            k = torch.where(n > 0, torch.floor(n * self.config.mask_prob + 0.5).clamp_min(1.0), 0.0)
+            k = self.exact_k[valid.sum(1)]  # (B,)
             rank = draw.masked_fill(~valid, 2.0).argsort(dim=1).argsort(dim=1)  # padding ranks last
-            masked = rank < k.to(torch.long)[:, None]
+            masked = rank < k[:, None]
         else:
             masked = (draw < self.config.mask_prob) & valid
         last_only = torch.rand(seq.shape[0], device=seq.device) < self.config.last_item_share  # (B,)
