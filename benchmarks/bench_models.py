@@ -235,36 +235,29 @@ def row_key(row: dict) -> tuple[str, str, int]:
     return row["dataset"], row["run"], row_seed(row)
 
 
-# Train settings a row may change when it replaces the stored row of its key: a longer budget trains a
-# clock-stopped run on; where it ran and how it reported are not what it trained.
-_RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size", "cpu_allocator"})
+# Train settings a row may differ in from the stored rows of its run string: a longer budget trains a
+# clock-stopped run on; where it ran and how it reported are not what it trained; the seed is its key's.
+_RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size", "cpu_allocator", "seed"})
 
 
-def changed_settings(stored: dict, new: dict,
-                     free: frozenset[str] = _RERUN_FREE) -> list[tuple[str, object, object]]:
-    """`differing` over each model or train setting the two rows both record (a budget's aside; `free`: the
-    train settings left out)."""
+def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
+    """`differing` over each model or train setting the two rows both record (a budget's aside)."""
     out = []
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
-        out += differing(old, now, sorted((old.keys() & now.keys()) - (free if part == "train" else set())))
+        free = _RERUN_FREE if part == "train" else frozenset()
+        out += differing(old, now, sorted((old.keys() & now.keys()) - free))
     return out
 
 
 def conflicting_row(keep: dict, row: dict) -> tuple[dict | None, list[tuple[str, object, object]]]:
-    """A stored row `row` may not join, and how their settings differ: the row of its key, or — where that
-    one agrees or is missing — a row of its run string at another seed (seeds aside: one string, one
-    setting)."""
+    """A stored row `row` may not join, and how their settings differ: a row of its run string that trained
+    other settings, the seed aside (one string, one setting) — the row of its own key first."""
     key = row_key(row)
-    stored = keep.get(key)
-    diff = changed_settings(stored, row) if stored else []
-    if diff:
-        return stored, diff
-    for other_key, other in keep.items():
-        if other_key[:2] == key[:2] and other_key != key:
-            diff = changed_settings(other, row, _RERUN_FREE | {"seed"})
-            if diff:
-                return other, diff
+    for stored_key in sorted((k for k in keep if k[:2] == key[:2]), key=lambda k: k != key):
+        diff = changed_settings(keep[stored_key], row)
+        if diff:
+            return keep[stored_key], diff
     return None, []
 
 
