@@ -45,11 +45,12 @@ sys.path.insert(0, str(ROOT))
 
 from recsys.config import load_params  # noqa: E402
 from results_md import claimed, mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
-from recsys.data import read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
+from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
+from recsys.entry import run_entry  # noqa: E402
 from recsys.train import train_model  # noqa: E402
 
 READERS = {"ml-1m-half": read_movielens_1m, "ml-100k": read_movielens_100k}
@@ -73,6 +74,9 @@ def machine() -> str:
 def prepare_dataset(dataset: str, data_root: str | Path, params):
     """Read a MovieLens folder and apply the protocol's preparation (k-core, stable order, LOO split)."""
     folder = Path(data_root) / dataset
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder: --data-root names the one that holds {dataset}/ "
+                        f"(../shared/data/README.md describes the files)")
     return prepare(READERS[dataset](folder), params.prepare, read_movielens_titles(folder))
 
 
@@ -261,6 +265,31 @@ def conflicting_row(keep: dict, row: dict) -> tuple[dict | None, list[tuple[str,
     return None, []
 
 
+def refuse_conflict(keep: dict, row: dict, path: Path) -> None:
+    """Stop with one sentence when `row` may not join the rows `keep` of `path` (`conflicting_row`)."""
+    stored, diff = conflicting_row(keep, row)
+    if diff:
+        dataset, run, seed = row_key(stored)
+        raise SystemExit(
+            f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
+            f"{described(diff)}: params.yaml has changed since that row; spell the old value in the run "
+            f"(`{run.partition('@')[0]}@...,{diff[0][0]}={diff[0][1]!r}`) to measure it again, or remove "
+            "that row to replace it")
+
+
+def check_mergeable(runs: list[str], offsets, dataset: str, params, max_minutes: float, device: str,
+                    path: Path) -> None:
+    """`merge`'s refusal before any training: each run and seed this process would train, built as its row
+    will be, against the rows already in `path` — hours sooner than after the run, with the same sentence."""
+    existing = json.loads(path.read_text()) if path.is_file() else []
+    keep = {row_key(r): r for r in existing}
+    for run in runs:
+        for offset in offsets:
+            _, model_config, train_config = run_configs(run, params, max_minutes, device, offset)
+            refuse_conflict(keep, {"dataset": dataset, "run": run, "seed": train_config.seed,
+                                   "config": as_json(model_config), "train": as_json(train_config)}, path)
+
+
 def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
     """Read-modify-write under a lock: several benchmark processes may finish runs at the same time. The
     RESULTS.md tables are built from the default file only; another `path` (GPU rows, whose (dataset, run,
@@ -272,14 +301,7 @@ def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
         existing = json.loads(path.read_text()) if path.is_file() else []
         keep = {row_key(r): r for r in existing}
         for r in results:
-            stored, diff = conflicting_row(keep, r)
-            if diff:
-                dataset, run, seed = row_key(stored)
-                raise SystemExit(
-                    f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
-                    f"{described(diff)}: params.yaml has changed since that row; spell the old value in the run "
-                    f"(`{run.partition('@')[0]}@...,{diff[0][0]}={diff[0][1]!r}`) to measure it again, or remove "
-                    "that row to replace it")
+            refuse_conflict(keep, r, path)
             keep[row_key(r)] = r
         merged = sorted(keep.values(), key=row_key)
         tmp = path.with_suffix(".tmp")
@@ -375,8 +397,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = load_params(args.params)
+    offsets = range(args.seed_offset, args.seed_offset + args.seeds)
+    check_mergeable(args.runs, offsets, args.dataset, params, args.max_minutes, args.device, Path(args.results))
     commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends
     started = time.perf_counter()
     prepared = prepare_dataset(args.dataset, args.data_root, params)
@@ -384,7 +407,6 @@ def main() -> None:
                  {k: v for k, v in prepared.fingerprint.items() if k.startswith("n_")})
     with work_area(args.work_dir) as work:
         save(prepared, work / "prepared")
-        offsets = range(args.seed_offset, args.seed_offset + args.seeds)
         for run, offset in ((run, offset) for run in args.runs for offset in offsets):
             finished = work / "finished" / f"{safe_name(run)}-offset{offset}.json"
             row = json.loads(finished.read_text()) if finished.is_file() else None
@@ -423,4 +445,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, log_format="%(asctime)s %(message)s")  # a missing dataset or a bad setting: one line, exit 1

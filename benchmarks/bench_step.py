@@ -39,6 +39,7 @@ from recsys.sequences import (  # noqa: E402
     SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
 )
 from recsys.device import resolve_device, retain_cpu_memory  # noqa: E402
+from recsys.entry import run_entry  # noqa: E402
 from recsys.step_graph import EAGER_BEFORE_CAPTURE, FixedShapeStep  # noqa: E402
 from recsys.train import (  # noqa: E402
     fixed_shape_step, make_optimizer, optimiser_step, validate, validation_inputs,
@@ -255,4 +256,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)  # a missing dataset or a bad setting: one line, exit 1

@@ -68,9 +68,10 @@ def report_user_error(err: BaseException, verbose: bool = False) -> None:
     print(error_line(err), file=sys.stderr)
 
 
-def run_entry(main: Callable[[], None]) -> None:
-    """Run a stage's `main()` (what `dvc repro` calls) with logging set up and user errors reported plainly."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)s: %(message)s") -> None:
+    """Run a stage's `main()` (what `dvc repro` calls; the benchmarks' too, in their own log format) with
+    logging set up and user errors reported plainly."""
+    logging.basicConfig(level=logging.INFO, format=log_format)
     try:
         main()
     except Exception as err:

@@ -353,6 +353,56 @@ def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_pat
     assert [r["seed"] for r in merge([same], path)] == [42, 43]
 
 
+def test_a_run_its_results_file_would_refuse_is_refused_before_it_trains(tmp_path):
+    """The refusal above, hours sooner: bench_models checks every run and seed it is asked for against the
+    rows of its --results file before it prepares the data, and stops with the same sentence."""
+    from bench_models import as_json, check_mergeable, run_configs
+
+    params = load_params(ROOT / "params.yaml")
+    path = tmp_path / "rows.json"
+    _, model_config, train_config = run_configs(curves.SASREC_D64, params, 0.0, "auto", 0)
+    stored = {"dataset": "ml-100k", "run": curves.SASREC_D64, "seed": 42, "test_ndcg@10": 0.113,
+              "config": {**as_json(model_config), "dim": 64},
+              "train": {**as_json(train_config), "lr": 0.001}}
+    path.write_text(json.dumps([stored]))
+    refusal = (r"already holds ml-100k `sasrec:ce@.*` seed 42 trained with other settings — dim=64 \(now 128\), "
+               r"lr=0.001 \(now 0.002\)")
+    for offset in (0, 1):  # its own key, and its string at another seed
+        with pytest.raises(SystemExit, match=refusal):
+            check_mergeable([curves.SASREC_D64], [offset], "ml-100k", params, 0.0, "auto", path)
+    # the old settings spelled out, another dataset, or a budget: nothing to refuse
+    check_mergeable([f"{curves.SASREC_D64},dim=64,lr=0.001"], [0], "ml-100k", params, 0.0, "auto", path)
+    check_mergeable([curves.SASREC_D64], [0], "ml-1m-half", params, 0.0, "auto", path)
+    stored["config"]["dim"], stored["train"]["lr"] = 128, 0.002
+    path.write_text(json.dumps([stored]))
+    check_mergeable([curves.SASREC_D64], [0, 1], "ml-100k", params, 30.0, "cpu", path)
+    stored["config"]["dim"] = 64
+    path.write_text(json.dumps([stored]))
+    before = path.read_text()
+    # the command line stops before it reads any data (this data root does not exist) and writes nothing
+    got = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_models.py"), "--dataset", "ml-100k",
+         "--data-root", str(tmp_path / "no-data"), "--results", str(path), "--runs", curves.SASREC_D64],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert got.returncode != 0
+    assert "already holds ml-100k" in got.stderr and "dim=64 (now 128)" in got.stderr
+    assert "Traceback" not in got.stderr
+    assert path.read_text() == before
+
+
+@pytest.mark.parametrize("script", ["bench_models.py", "bench_step.py"])
+def test_a_missing_dataset_is_one_sentence_not_a_traceback(tmp_path, script):
+    got = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--dataset", "ml-100k", "--data-root",
+         str(tmp_path), *(["--results", str(tmp_path / "rows.json")] if script == "bench_models.py" else [])],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert got.returncode == 1
+    assert got.stderr.strip().splitlines() == [
+        (f"error: {tmp_path / 'ml-100k'} is not a folder: --data-root names the one that holds ml-100k/ "
+         "(../shared/data/README.md describes the files)")]
+    assert not (tmp_path / "rows.json").exists()
+
+
 def test_targets_are_judged_on_the_current_defaults_cpu_and_gpu_rows_with_the_previous_ones_beside():
     def row(run: str, seed: int, ndcg: float, dataset: str = "ml-1m-half", minutes: float = 0.0) -> dict:
         return {"dataset": dataset, "run": run, "seed": seed, "test_ndcg@10": ndcg, "test_hr@10": 0.3,
