@@ -305,3 +305,51 @@ def test_a_torchrun_run_interrupted_after_epoch_2_resumes_to_the_same_model(tiny
     straight, resumed = ([line.split(",")[:4] for line in curve.splitlines()] for curve in result["curves"])
     assert resumed == straight  # epoch, loss, valid NDCG@10, HR@10 (the seconds differ)
     assert result["same_weights"]
+
+
+OOM_ON_RANK_1_SCRIPT = """
+import os, sys
+from pathlib import Path
+import torch
+from recsys.config import load_params
+from recsys.distributed import torchrun_session
+from recsys.entry import run_entry
+from recsys.models import sasrec
+from recsys.train import train_model
+
+params, prepared, out = load_params(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+steps, loss = [0], sasrec.SASRec.loss
+
+
+def running_out_on_rank_1(self, batch):  # a device running out of memory on one rank only (injected)
+    steps[0] += 1
+    if os.environ["RANK"] == "1" and steps[0] == 5:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    return loss(self, batch)
+
+
+def main():
+    sasrec.SASRec.loss = running_out_on_rank_1
+    with torchrun_session():
+        train_model("sasrec", params.model_config("sasrec"), params.train_config("sasrec"), prepared,
+                    out / "model", curve_path=out / "curve.csv", resume_root=out / "resume")
+
+
+run_entry(main)
+"""
+
+
+@pytest.mark.slow
+def test_one_rank_running_out_of_memory_ends_the_job_with_its_sentence(tiny_prepared_dir, write_params, tmp_path):
+    """Rank 1 fails mid-epoch while rank 0 waits in its gradient all-reduce: the job ends (no rank left hanging
+    in a collective), non-zero, with rank 1's one line naming the setting, and nothing written."""
+    params = write_params({"train": {"epochs": 4, "patience": 4}})
+    script = tmp_path / "oom.py"
+    script.write_text(OOM_ON_RANK_1_SCRIPT)
+    before = files_under(tmp_path)
+    done = torchrun([str(script), str(params), str(tiny_prepared_dir), str(tmp_path)], cwd=tmp_path)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "error: out of memory training sasrec" in lines[0]
+    assert "lower train.batch_size (now 32) or raise train.micro_batches" in lines[0]
+    assert files_under(tmp_path) == before  # no checkpoint, curve or resume state from either rank
