@@ -62,7 +62,7 @@ def _budget(base: str, epochs: int, lr: float) -> str:
 
 
 def budgeted_run(epochs: int, dim: int = 128, lr: float = 0.002) -> str:
-    """The SASRec defaults of width `dim` on a budget of `epochs` epochs (gpu_session.sh's `budgeted`)."""
+    """The SASRec defaults of width `dim` on a budget of `epochs` epochs."""
     return _budget(f"{SASREC_D64},dim={dim}", epochs, lr)
 
 

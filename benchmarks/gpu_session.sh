@@ -67,11 +67,6 @@ BERT4REC_EXACT_GRAPHED="${BERT4REC},cuda_graph=true"
 BERT4REC_BERNOULLI_STEP='bert4rec@masking=bernoulli'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
 BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
-# `budgeted N [DIM] [LR]`: a budget of N epochs, a 100-step warm-up to LR (2e-3), cosine down to 0 by the end
-# of epoch N, width DIM (128) — benchmarks/curves.py budgeted_run, the CPU runs' strings (RESULTS session 19)
-budgeted() {
-  echo "${SASREC_D64},dim=${2:-128},lr=${3:-0.002},warmup_steps=100,lr_schedule=cosine,epochs=$1,patience=$1,min_epochs=0"
-}
 
 run() { timeout --signal=INT "$LIMIT_S" "$PYTHON" "$@"; }
 
