@@ -7,6 +7,7 @@ unless `--verbose` (`recsys --verbose COMMAND ...`) asks for one.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -165,17 +166,48 @@ def evaluate(model: str = typer.Option(..., help="model name from params.yaml"),
 
 
 def _wire_optional_commands() -> None:
-    """Sub-commands whose modules may be absent in a partial checkout stay out of the way."""
+    """Sub-commands whose modules may be absent in a partial checkout stay out of the way. A module's Typer of
+    one command (ingest, recommend) joins as that command, so its usage line names no sub-command; one of
+    several (registry) joins as a group."""
     for module, name in [("recsys.commands.ingest", "ingest"), ("recsys.commands.registry", "registry"),
                          ("recsys.commands.recommend", "recommend")]:
         try:
             sub = importlib.import_module(module).app
         except ImportError:
             continue
-        app.add_typer(sub, name=name)
+        if len(sub.registered_commands) == 1 and not sub.registered_groups and sub.registered_callback is None:
+            only = sub.registered_commands[0]
+            app.command(name, context_settings=only.context_settings)(only.callback)
+        else:
+            app.add_typer(sub, name=name)
 
 
 _wire_optional_commands()
+
+
+def _reflowed(text: str) -> str:
+    """Docstring paragraphs as single lines: Typer's help keeps a docstring's line breaks, which the terminal
+    then wraps again into ragged lines."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Every help text of `typer_app`, its commands and its groups, reflowed (`_reflowed`)."""
+    if isinstance(typer_app.info.help, str):
+        typer_app.info.help = _reflowed(typer_app.info.help)
+    for info in typer_app.registered_commands:
+        text = info.help or (info.callback.__doc__ if info.callback else None)
+        if text:
+            info.help = _reflowed(text)
+    for group in typer_app.registered_groups:
+        if isinstance(group.help, str):
+            group.help = _reflowed(group.help)
+        if group.typer_instance is not None:
+            _reflow_help(group.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:

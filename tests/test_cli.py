@@ -231,3 +231,27 @@ def test_verbose_adds_the_traceback_before_the_one_line(monkeypatch, capsys, wri
     assert code == 1
     assert "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("error: unknown model 'nosuch'")
+
+
+@pytest.mark.parametrize("args, usage, paragraph", [
+    ([], "Usage: recsys [OPTIONS] COMMAND [ARGS]...",
+     "print one clear line and exit 1 — no traceback unless `--verbose` (`recsys --verbose COMMAND ...`) asks"),
+    (["bootstrap"], "Usage: recsys bootstrap [OPTIONS]",
+     "generate the default dataset and version it) and write each model's warm source"),
+    (["ingest"], "Usage: recsys ingest [OPTIONS] [paths]...",
+     "as the ingest flow does; print what happened. Exit code 1 if any batch was rejected"),
+    (["recommend"], "Usage: recsys recommend [OPTIONS]", "saying who answered and why."),
+    (["registry", "promote"], "Usage: recsys registry promote [OPTIONS]",
+     "the same lineage, the baseline installed as champion while no model has passed the gate"),
+])
+def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whole(monkeypatch, capsys, args,
+                                                                                    usage, paragraph):
+    """`ingest` and `recommend` are commands, not groups (no `COMMAND [ARGS]...` to look for), and a docstring's
+    line breaks do not reach the terminal, which wraps the text itself (wide enough, a paragraph is a line)."""
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, _ = run_cli(monkeypatch, capsys, *args, "--help")
+    assert code == 0
+    lines = [line.strip(" │") for line in out.splitlines()]
+    # (click names the program after how it was started: `recsys` here, `python -m pytest.recsys` under pytest)
+    assert next(line for line in lines if line.startswith("Usage: ")).endswith(usage.removeprefix("Usage: "))
+    assert any(paragraph in line for line in lines), out

@@ -11,7 +11,7 @@ import yaml
 
 from recsys.config import DEFAULT_PARAMS, ConfigError, IngestConfig, build_dataclass
 
-app = typer.Typer(help=__doc__, add_completion=False, context_settings={"allow_interspersed_args": True})
+app = typer.Typer(add_completion=False)  # this one command; recsys/cli.py registers it as `recsys ingest`
 
 
 def load_ingest_config(params: Path) -> IngestConfig:
@@ -27,7 +27,7 @@ def load_ingest_config(params: Path) -> IngestConfig:
     return build_dataclass(IngestConfig, raw.get("ingest"), "ingest")
 
 
-@app.callback(invoke_without_command=True)
+@app.command(context_settings={"allow_interspersed_args": True})
 def ingest(
     paths: Annotated[
         Optional[list[Path]],

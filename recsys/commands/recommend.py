@@ -3,8 +3,8 @@
 Parsing and printing only; who answers and why (champion, baseline champion, popularity fallback) is
 `recsys.recommend.answer`.
 
-`app` is a Typer whose callback *is* the command, so `app.add_typer(app, name="recommend")` in
-recsys/cli.py gives `recsys recommend --user ID` directly (no sub-command name to repeat).
+`app` is a Typer of this one command (run on its own, it is the command); recsys/cli.py registers that
+command as `recsys recommend`, so its usage line has no sub-command to name.
 """
 
 from __future__ import annotations
@@ -78,4 +78,4 @@ def recommend_command(
 
 
 app = typer.Typer(pretty_exceptions_enable=False)
-app.callback(invoke_without_command=True)(recommend_command)
+app.command()(recommend_command)
