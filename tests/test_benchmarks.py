@@ -512,7 +512,7 @@ def test_the_gpu_session_script_trains_todays_defaults():
                             check=True).stdout.strip()
     assert sasrec == curves.SASREC_DEFAULT_RUN
     for name in ("MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED", "MOJITO_LR2_GRAPHED",
-                 "BERT4REC_EXACT_GRAPHED"):
+                 "BERT4REC_EXACT_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED"):
         defs = [line for line in script.splitlines() if line.split("=")[0] in {"MOJITO_WIDE", name}]
         got = subprocess.run(["bash", "-c", "\n".join([*lines, *defs, f'echo "${name}"'])],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -520,8 +520,9 @@ def test_the_gpu_session_script_trains_todays_defaults():
     quick = script.split("\n  quick)")[1].split(";;")[0]
     # quick's claim runs are (run, seed offset) pairs: the two defaults and both at SASRec's width
     assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_EXACT_GRAPHED",
-                                                  "MOJITO_WIDE", "MOJITO_GRAPHED"))
-    assert '"$MOJITO_WIDE_GRAPHED"' in quick and '"$MOJITO_LR2_GRAPHED"' in quick
+                                                  "BERT4REC_MASK02_GRAPHED", "MOJITO_WIDE", "MOJITO_GRAPHED",
+                                                  "MOJITO_WIDE_GRAPHED"))
+    assert '"$BERT4REC_PEER_GRAPHED"' in quick and '"$MOJITO_LR2_GRAPHED"' in quick
     assert '"$BERT4REC_EXACT_GRAPHED"' in quick and '"$BERT4REC_BERNOULLI_STEP"' in quick
     assert "\nBERT4REC_BERNOULLI_STEP='bert4rec@masking=bernoulli'\n" in script
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
