@@ -99,7 +99,8 @@ def summarise(done: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description="run the ingest flow"))
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
-    parser.add_argument("--repo-root", default=str(ROOT))
+    parser.add_argument("--repo-root", default=str(ROOT),
+                        help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     args = parser.parse_args(argv)
     summary = run_main(lambda: ingest(inbox=args.inbox, repo_root=args.repo_root), args.verbose)
     print(json.dumps(summary, indent=2, default=str))

@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
-    parser.add_argument("--repo-root", default=str(ROOT))
+    parser.add_argument("--repo-root", default=str(ROOT),
+                        help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     add_fan_out_arguments(parser)
     args = parser.parse_args(argv)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
