@@ -50,7 +50,7 @@ from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
-from recsys.entry import run_entry  # noqa: E402
+from recsys.entry import positive_int, run_entry  # noqa: E402
 from recsys.train import train_model  # noqa: E402
 
 READERS = {"ml-1m-half": read_movielens_1m, "ml-100k": read_movielens_100k}
@@ -366,21 +366,13 @@ def work_area(work_dir: str | None):
         yield Path(tmp)
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number ≥ 1 in ASCII digits ("2", not "2.0", "0", "²" or "٢": str.isdigit alone
-    takes the last two, and int() then fails on "²" with argparse's generic message)."""
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return int(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), required=True)
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--runs", nargs="+", default=["mostpop", "sasrec:ce"])
     parser.add_argument("--max-minutes", type=float, default=0.0)
-    parser.add_argument("--seeds", type=int, default=1, help="seeds per run: train.seed, train.seed + 1, ...")
+    parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per run: train.seed, train.seed + 1, ...")
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="start at train.seed + this (several processes sharing one run's seeds)")
     parser.add_argument("--device", default="auto")

@@ -56,19 +56,6 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (`nan`, `inf`, `0` and `-1` are refused by argparse)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
 def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
 

@@ -24,15 +24,16 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.artifacts import publish_decision, publish_retrain
-from flows.errors import add_verbose_flag, positive_float, retry_if_transient, run_main
+from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, load_params
 from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
-from recsys.retraining import (BASELINE, choose_candidate, epochs_override, read_curve, read_results,
-                               select_models, training_progress)
+from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
+                               read_results, select_models, training_progress)
 from recsys.faults import fault_point
+from recsys.entry import positive_float, positive_int
 from recsys.fanout import IDLE_MINUTES, check_fan_out
 from recsys.workspace import run_dvc, workspace_lock
 
@@ -121,6 +122,13 @@ def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | 
     return ran
 
 
+def check_run_parameters(epochs: int | None, fan_out: str | None, fan_out_idle_minutes: float) -> None:
+    """A UI or API run's parameters are not argparse-checked: refuse impossible ones before anything runs."""
+    check_epochs(epochs)
+    if fan_out and not fan_out_idle_minutes > 0:
+        raise ConfigError(f"fan_out_idle_minutes must be > 0, got {fan_out_idle_minutes}")
+
+
 @flow(name="retrain", log_prints=True)
 def retrain(
     models: list[str] | None = None,
@@ -145,8 +153,7 @@ def retrain(
         fan_out_idle_minutes: with `fan_out`, give up (cancelling the runs still waiting) when no worker has
             taken any of the runs for this long; training itself is not time-limited.
     """
-    if fan_out and not fan_out_idle_minutes > 0:  # a UI run's parameters are not argparse-checked
-        raise ConfigError(f"fan_out_idle_minutes must be > 0, got {fan_out_idle_minutes}")
+    check_run_parameters(epochs, fan_out, fan_out_idle_minutes)
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
@@ -164,7 +171,7 @@ def retrain(
     stale = stale_stages(str(root), targets)
     logger.info("stale stages: %s", ", ".join(stale) or "none")
     ran = []
-    if stale or force or epochs:
+    if stale or force or epochs is not None:
         ran = (fan_out_stages(str(root), selected, fan_out, epochs, force, fan_out_idle_minutes) if fan_out
                else reproduce(str(root), targets, force, epochs, selected))
     results = collect_results(str(root), selected)
@@ -202,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description="run the retrain flow"))
     parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
-    parser.add_argument("--epochs", type=int, help="override train.epochs for this run only")
+    parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")
     parser.add_argument("--repo-root", default=str(ROOT),
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     add_fan_out_arguments(parser)

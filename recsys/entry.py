@@ -68,6 +68,27 @@ def report_user_error(err: BaseException, verbose: bool = False) -> None:
     print(error_line(err), file=sys.stderr)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number ≥ 1 in ASCII digits ("2", not "2.0", "0", "-1", "²" or "٢": str.isdigit
+    alone takes the last two, and int() then fails on "²" with argparse's generic message)."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (`nan`, `inf`, `0` and `-1` are refused by argparse)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
 def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)s: %(message)s") -> None:
     """Run a stage's `main()` (what `dvc repro` calls; the benchmarks' too, in their own log format) with
     logging set up and user errors reported plainly."""

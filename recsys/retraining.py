@@ -80,6 +80,13 @@ def _backup_of(params_path: Path) -> Path:
     return Layout(params_path.parent).state / f"{params_path.name}.orig"
 
 
+def check_epochs(epochs: int | None) -> None:
+    """An `epochs` override is none (params.yaml's) or a whole number ≥ 1; 0 is refused, not taken for none."""
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise ConfigError(f"epochs override must be a whole number ≥ 1 (or none: params.yaml's train.epochs), "
+                          f"got {epochs!r}")
+
+
 class epochs_override:
     """Temporarily set `train.epochs` (and per-model `train.epochs`) in params.yaml for one `dvc repro`.
 
@@ -93,10 +100,9 @@ class epochs_override:
 
     def __enter__(self):
         restore_params(self.path)
+        check_epochs(self.epochs)
         if self.epochs is None:
             return self
-        if self.epochs < 1:
-            raise ConfigError(f"epochs override must be ≥ 1, got {self.epochs}")
         # PyYAML both ways (a YAML 1.2 writer would emit `off` unquoted, which 1.1 reads as false).
         original = self.path.read_text(encoding="utf-8")
         data = yaml.safe_load(original)

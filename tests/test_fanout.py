@@ -256,8 +256,29 @@ def test_the_idle_limit_is_parsed_strictly(module, bad, capsys):
     assert "--fan-out-idle-minutes" in capsys.readouterr().err
 
 
-def test_the_idle_limit_flow_parameter_is_checked_before_anything_runs():
-    from flows.retrain import retrain
+@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
+@pytest.mark.parametrize("bad", ["0", "-3", "2.0", "²", "soon"])
+def test_the_epochs_override_is_parsed_strictly(module, bad, capsys):
+    import importlib
 
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as done:
+        main(["--epochs", bad])
+    assert done.value.code == 2
+    assert f"argument --epochs: expected a whole number of at least 1, got {bad!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flow_name", ["retrain", "pipeline"])
+def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path):
+    """A UI run's parameters bypass argparse: each flow refuses them first (the pipeline before it ingests;
+    an override of 0 epochs was taken for none). The repo root does not even exist: nothing was read."""
+    import importlib
+
+    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
+    missing = str(tmp_path / "no-repo")
     with pytest.raises(ConfigError, match="fan_out_idle_minutes must be > 0, got 0"):
-        retrain.fn(repo_root=str(REPO_ROOT), fan_out="train-model/worker", fan_out_idle_minutes=0)
+        flow.fn(repo_root=missing, fan_out="train-model/worker", fan_out_idle_minutes=0)
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ConfigError, match=rf"epochs override must be a whole number ≥ 1 .*got {bad!r}"):
+            flow.fn(repo_root=missing, epochs=bad)
+    assert not (tmp_path / "no-repo").exists()
