@@ -29,10 +29,23 @@ def deployments(cron: str = NIGHTLY_CRON) -> list:
     ]
 
 
-def main() -> None:
+def cron_expression(text: str) -> str:
+    """argparse type: a cron expression Prefect accepts (five fields, e.g. "0 2 * * *"), else one usage line."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a cron expression: {text!r} (five fields, e.g. "
+                                         f"{NIGHTLY_CRON!r}: minute hour day month weekday)") from None
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cron", default=NIGHTLY_CRON, help="schedule of the nightly deployment (UTC)")
-    args = parser.parse_args()
+    parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
+                        help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
+    args = parser.parse_args(argv)
     serve(*deployments(args.cron))
 
 

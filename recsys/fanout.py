@@ -109,6 +109,11 @@ def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path
                           f"workers copy the champion's weights from it); {params.registry.artifact_root!r} is "
                           "in this workspace, which a worker's clone lacks: set it, or train.init: cold, or run "
                           "without fan_out")
+    if warm and not Path(setting).is_absolute():
+        raise ConfigError(f"fan_out with train.init warm or auto ({warm}) needs registry.artifact_root to be an "
+                          f"absolute path every worker mounts; {setting!r} is relative, so each worker would "
+                          "resolve it inside its own clone: set an absolute path, or train.init: cold, or run "
+                          "without fan_out")
 
 
 def head_commit(root: Path) -> str:
@@ -136,6 +141,16 @@ def uncommitted_code(root: Path) -> list[str]:
     deps = code_paths(yaml.safe_load((Path(root) / DVC_YAML).read_text(encoding="utf-8")))
     done = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *sorted(deps))
     return sorted(line[3:] for line in done.stdout.splitlines() if line[3:] in deps)
+
+
+def unpushed(root: Path, commit: str) -> bool:
+    """Whether `commit` is on no remote-tracking branch of a checkout that has remotes: the workers clone the
+    repository and check the commit out, so one that only this checkout holds fails on every worker. (A
+    checkout without remotes says nothing: its deployment's clone step names the repository.)"""
+    if not _git(root, "remote").stdout.strip():
+        return False
+    done = _git(root, "branch", "--remotes", "--contains", commit)
+    return done.returncode == 0 and not done.stdout.strip()
 
 
 def work_order(root: Path, model: str, commit: str) -> WorkOrder:

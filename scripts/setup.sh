@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with pinned dependencies. Idempotent; sourced by demo.sh / test.sh.
-# CPU PyTorch by default. On a CUDA machine, install the CUDA build of the same version first, e.g.
-#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128
-# and this script keeps it (the pin is satisfied).
+# PyTorch 2.13.0 from the configured package index. TORCH_INDEX_URL picks the build instead, e.g.
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/demo.sh     # CPU only (PyPI's Linux
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash scripts/demo.sh   #   wheel bundles CUDA: GBs)
+# An installed torch of the same version (any build) satisfies the pin and is kept.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,7 +21,7 @@ stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if [[ ! -f "$stamp" ]]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # Pinned exactly: an unpinned torch pulls several GB of CUDA wheels.
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   .venv/bin/python -m pip install --quiet -e ".[dev]"
   touch "$stamp"
 fi

@@ -57,6 +57,9 @@ def test_fan_out_refuses_force_and_warm_starts_from_a_workspace_artifact_store(t
                               "registry": {"artifact_root": str(tmp_path / "repo" / "registry")}})
     with pytest.raises(ConfigError, match="is in this workspace"):
         fanout.check_fan_out(absolute_inside, ["sasrec"], force=False, root=tmp_path / "repo")
+    relative_outside = params({"sasrec": {"train": {"init": "auto"}}, "registry": {"artifact_root": "../nfs"}})
+    with pytest.raises(ConfigError, match=r"'\.\./nfs' is relative, so each worker would resolve it inside its own"):
+        fanout.check_fan_out(relative_outside, ["sasrec"], force=False, root=tmp_path / "repo")
 
 
 def test_code_paths_are_the_model_stages_code_deps_and_dvc_yaml():
@@ -91,6 +94,27 @@ def test_uncommitted_code_lists_changed_and_new_stage_code_only(tmp_path):
     (repo / "README.md").write_text("docs\n")  # not stage code
     (repo / "params.yaml").write_text("shipped\n")  # shipped to the workers
     assert fanout.uncommitted_code(repo) == ["recsys/models/new.py", "recsys/train.py"]
+
+
+def test_a_commit_no_remote_branch_holds_is_unpushed(tmp_path):
+    """The workers check out the coordinator's HEAD from the repository they clone: a commit only this
+    checkout holds is refused before anything is dispatched (`reproduce_on_workers`)."""
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "a.txt").write_text("a\n")
+    git(seed, "init", "-q")
+    git(seed, "add", "-A")
+    git(seed, "commit", "-qm", "a")
+    assert not fanout.unpushed(seed, fanout.head_commit(seed))  # no remote: nothing to say
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(tmp_path / "team.git"))
+    git(tmp_path, "clone", "-q", str(tmp_path / "team.git"), str(tmp_path / "mine"))
+    mine = tmp_path / "mine"
+    assert not fanout.unpushed(mine, fanout.head_commit(mine))  # the clone's HEAD is the remote's
+    (mine / "a.txt").write_text("b\n")
+    git(mine, "commit", "-qam", "b")
+    assert fanout.unpushed(mine, fanout.head_commit(mine))
+    git(mine, "push", "-q", "origin", "HEAD")
+    assert not fanout.unpushed(mine, fanout.head_commit(mine))
 
 
 def test_work_order_needs_a_prepare_entry_and_ships_params_and_lock(tmp_path):
