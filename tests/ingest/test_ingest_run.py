@@ -10,7 +10,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from recsys import ingest
@@ -351,16 +350,11 @@ def test_cli_success_and_rejection(repo):
                          "ingest.column_mapping, or set ingest.extra_columns: drop)"], result.output
     assert "report: " in result.output and "Traceback" not in result.output
 
-    # Wired the way the lead wires it: `recsys ingest PATH... --params FILE`.
-    parent = typer.Typer()
-    parent.add_typer(app, name="ingest")
-
-    @parent.command()
-    def other() -> None:  # a second command makes `ingest` a real sub-command group
-        pass
+    # As the `recsys` command line wires it (recsys/cli.py): `recsys ingest PATH... --params FILE`.
+    from recsys.cli import app as recsys_app
 
     again = write_frame(repo / "inbox" / "cli_again.csv", events(2, start=1500))
-    result = CliRunner().invoke(parent, ["ingest", str(again), "--params", str(params)])
+    result = CliRunner().invoke(recsys_app, ["ingest", str(again), "--params", str(params)])
     assert result.exit_code == 0 and "cli_again.csv: ingested 2 rows" in result.output, result.output
 
     params.write_text("ingest:\n  max_bad_row_shar: 0.1\n")
