@@ -13,8 +13,8 @@ Who answers, and why, is part of every answer (`source`):
   `champion`            the champion scored the history;
   `baseline_champion`   no model has passed the gate yet, so the baseline (MostPop) is champion;
   `popularity_fallback` the champion cannot score this request (a user it has never seen, or a history with
-                        no item it knows): the latest registered baseline answers, or, if none is registered,
-                        item popularity in the prepared dataset.
+                        no item it knows), or no champion is registered yet: the latest registered baseline
+                        answers, or, if none is registered, item popularity in the prepared dataset.
 Items already in the history are never shown. `describe_champion` is what the pipeline prints at the end.
 """
 
@@ -110,7 +110,7 @@ class Answer:
     reason: str
     model_version: int | None  # the registry version that scored the items (None: dataset popularity)
     architecture: str
-    champion_version: int
+    champion_version: int | None  # None: no champion is registered yet
     k: int
     at: str | None
     user: str | None
@@ -183,7 +183,8 @@ def read_prepared(prepared_dir: Path, required: bool) -> Prepared | None:
         if not required:
             return None
         raise RecommendError(
-            f"prepared dataset not found under {prepared_dir} ({err}); run `dvc repro prepare` first"
+            f"prepared dataset not found under {prepared_dir} ({err}): `recsys bootstrap && dvc repro prepare` "
+            "builds it (the flows and `bash scripts/demo.sh` do)"
         ) from err
 
 
@@ -247,27 +248,26 @@ def answer(
     """Serve one request from the champion, or say why popularity answers instead (module docstring)."""
     from recsys.checkpoint import load_model
 
-    champion = registry.champion_info()  # NotFoundError when nothing was ever registered as champion
+    prepared = read_prepared(prepared_dir, required=user is not None)
+    raw_items, raw_times = _request_history(prepared, user, history, at_time)
+    at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
+    if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
+        result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
+                        architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
+                        history=history)
+        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
+        result.reason = f"popularity fallback: no champion is registered yet; {result.reason}"
+        return _with_items(result, ranked, prepared)
+
+    champion = registry.champion_info()
     checkpoint = registry.champion_dir()  # every file's sha256 verified before loading
     model, meta = load_model(checkpoint)
-    prepared = read_prepared(prepared_dir, required=user is not None)
-    now = at_time if at_time is not None else int(time.time())
-
-    if user is not None:
-        assert prepared is not None
-        found = prepared.user_history(user, at_time)
-        raw_items, raw_times = found if found is not None else ([], [])
-    else:
-        raw_items, raw_times = list(history or []), [now] * len(history or [])
-
     result = Answer(
         source=BASELINE_CHAMPION if champion.is_baseline else CHAMPION,
         reason=(f"no model has passed the gate yet: baseline champion v{champion.version} answers"
                 if champion.is_baseline else f"champion v{champion.version} answers"),
         model_version=champion.version, architecture=champion.architecture,
-        champion_version=champion.version, k=k,
-        at=datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None,
-        user=user, history=history,
+        champion_version=champion.version, k=k, at=at, user=user, history=history,
     )
     _, known_items, known_users = _vocabulary(checkpoint)
     fallback_reason = None
@@ -284,6 +284,22 @@ def answer(
         ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
         result.source = POPULARITY_FALLBACK
         result.reason = f"popularity fallback: {fallback_reason}; {result.reason}"
+    return _with_items(result, ranked, prepared)
+
+
+def _request_history(prepared: Prepared | None, user: str | None, history: list[str] | None,
+                     at_time: int | None) -> tuple[list[str], list[int]]:
+    """The request's raw item ids and times: the user's events (up to `at_time`) from the prepared dataset, or
+    the `--history` given, each at `at_time` (default now). An unknown user has none."""
+    if user is not None:
+        assert prepared is not None
+        found = prepared.user_history(user, at_time)
+        return found if found is not None else ([], [])
+    now = at_time if at_time is not None else int(time.time())
+    return list(history or []), [now] * len(history or [])
+
+
+def _with_items(result: Answer, ranked: list[tuple[str, float]], prepared: Prepared | None) -> Answer:
     titles = prepared.titles() if prepared is not None else {}
     result.recommendations = [Recommendation(rank, raw, titles.get(raw), score)
                               for rank, (raw, score) in enumerate(ranked, start=1)]
@@ -308,8 +324,10 @@ def _popularity(
         result.reason = f"baseline v{baseline.version} ({baseline.architecture}) answers"
         return ranked
     if prepared is None:
-        raise RecommendError("no popularity fallback: no baseline version is registered and there is no "
-                             "prepared dataset; run `dvc repro` and `recsys registry promote`")
+        raise RecommendError("nothing can answer yet: no model is registered and there is no prepared dataset "
+                             "to count popularity in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on "
+                             "the embedded data) trains, gates and registers one — or `dvc repro` then "
+                             "`recsys registry promote --model mostpop`")
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"

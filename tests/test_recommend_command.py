@@ -120,8 +120,26 @@ def test_request_errors_are_one_line(tmp_path):
         assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
 
 
-def test_no_champion_at_all_is_one_line(tmp_path):
+def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tmp_path):
+    """A first `dvc repro` has run but nothing was gated yet: still an answer, from item popularity in the
+    prepared dataset; with no prepared dataset either, one line saying what builds one."""
     params_path = write_params(tmp_path)
-    _prepared(tmp_path)
-    out = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
-    assert out.exit_code == 1 and "has no champion yet" in out.output
+    nothing = invoke(recommend_app, "--history", "m1", "--params", str(params_path))
+    assert nothing.exit_code == 1
+    assert nothing.output.strip().splitlines() == [
+        "error: nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
+        "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and registers "
+        "one — or `dvc repro` then `recsys registry promote --model mostpop`"]
+    _prepared(tmp_path)  # alice saw m1 then m3; bob saw m4
+    for args, expected in ((["--user", "alice"], {"m4"}), (["--history", "m4"], {"m1", "m3"})):
+        answer = recommend_json(params_path, *args, "-k", "3")
+        assert answer["source"] == "popularity_fallback"
+        assert answer["champion_version"] is None and answer["model_version"] is None
+        assert answer["architecture"] == "dataset popularity"
+        assert answer["reason"].startswith("popularity fallback: no champion is registered yet; item popularity")
+        assert {r["item_id"] for r in answer["recommendations"]} == expected  # seen items never shown
+    text = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
+    assert text.exit_code == 0
+    assert text.output.splitlines()[0] == ("top 10 for user alice from dataset popularity [popularity_fallback]: "
+                                           "popularity fallback: no champion is registered yet; item popularity in "
+                                           "the prepared dataset answers (no baseline version is registered)")
