@@ -127,9 +127,9 @@ def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tm
     nothing = invoke(recommend_app, "--history", "m1", "--params", str(params_path))
     assert nothing.exit_code == 1
     assert nothing.output.strip().splitlines() == [
-        "error: nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
-        "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and registers "
-        "one — or `dvc repro` then `recsys registry promote --model mostpop`"]
+        ("error: nothing can answer yet: no model is registered and there is no prepared dataset to count "
+         "popularity in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates "
+         "and registers one — or `dvc repro` then `recsys registry promote --model mostpop`")]
     _prepared(tmp_path)  # alice saw m1 then m3; bob saw m4
     for args, expected in ((["--user", "alice"], {"m4"}), (["--history", "m4"], {"m1", "m3"})):
         answer = recommend_json(params_path, *args, "-k", "3")
