@@ -259,3 +259,22 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
         assert baseline.is_baseline and baseline.architecture == "mostpop" and baseline.dataset_version == "seed"
     injected = invoke(registry_app, "promote", "--model", INJECTION, "--params", str(params_path))
     assert injected.exit_code == 1 and "invalid model name" in injected.output
+
+
+def test_reading_a_registry_nobody_has_written_creates_nothing(tmp_path):
+    """`list`, `show`, `history` and `recommend` only read: on a fresh clone (no registry file yet) they answer
+    as an empty registry would, and leave no registry/ folder or database behind."""
+    params_path = write_params(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert "no versions registered" in invoke(registry_app, "list", "--params", str(params_path)).output
+    assert "no promotion events yet" in invoke(registry_app, "history", "--params", str(params_path)).output
+    shown = invoke(registry_app, "show", "1", "--params", str(params_path))
+    assert shown.exit_code == 1 and "version 1 of model 'next_item' does not exist" in shown.output
+    served = invoke(recommend_app, "--history", "m1", "--params", str(params_path))
+    assert served.exit_code == 1 and "nothing can answer yet" in served.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before == ["params.yaml"]
+    # a writer creates it as before
+    with open_from(params_path) as reg:
+        assert reg.champion_version() is None
+    assert (tmp_path / "registry" / "registry.db").is_file()
+    assert "no versions registered" in invoke(registry_app, "list", "--params", str(params_path)).output

@@ -62,7 +62,7 @@ def recommend_command(
     except RecommendError as err:
         fail(str(err))
     subject = f"user {user!r}" if user is not None else f"history {history!r}"
-    with open_from_params(params, f"cannot recommend for {subject}") as registry:
+    with open_from_params(params, f"cannot recommend for {subject}", read_only=True) as registry:
         root = Path(params).resolve().parent
         prepared_dir = prepared if prepared is not None else Layout(root).prepared
         try:

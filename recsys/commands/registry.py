@@ -73,15 +73,17 @@ def _safe_url(url: str) -> str:
 
 
 @contextmanager
-def open_from_params(params_path: Path, doing: str = "registry") -> Iterator:  # type: ignore[type-arg]
-    """The registry named in params.yaml; an expected failure becomes one line naming `doing`, exit 1."""
+def open_from_params(params_path: Path, doing: str = "registry",
+                     read_only: bool = False) -> Iterator:  # type: ignore[type-arg]
+    """The registry named in params.yaml; an expected failure becomes one line naming `doing`, exit 1.
+    `read_only`: a command that only reads creates no registry file (`open_registry`)."""
     from recsys.registry import open_registry
 
     url = None
     try:
         params = load_params(params_path)
         url = params.registry.url
-        registry = open_registry(params.registry, Path(params_path).resolve().parent, params.gate)
+        registry = open_registry(params.registry, Path(params_path).resolve().parent, params.gate, read_only)
     except expected_errors() as err:
         fail(describe(err, doing, url))
     try:
@@ -110,7 +112,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 @app.command("list")
 def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
     """All versions, oldest first; `*` marks the champion."""
-    with open_from_params(params, "cannot list versions") as registry:
+    with open_from_params(params, "cannot list versions", read_only=True) as registry:
         versions = registry.list_versions()
         metric = registry.gate.metric
         if not versions:
@@ -141,7 +143,7 @@ def show(version: Annotated[str, typer.Argument(help="Version number.", metavar=
          params: ParamsOption = DEFAULT_PARAMS) -> None:
     """Everything recorded about one version."""
     number = parse_version(version)
-    with open_from_params(params, f"cannot show version {number}") as registry:
+    with open_from_params(params, f"cannot show version {number}", read_only=True) as registry:
         v = registry.get_version(number)
         fields = {
             "version": v.version,
@@ -169,7 +171,7 @@ def history(
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Promotion decisions and rollbacks, oldest first, each with its reason."""
-    with open_from_params(params, "cannot read the promotion history") as registry:
+    with open_from_params(params, "cannot read the promotion history", read_only=True) as registry:
         events = registry.history(limit)
         if not events:
             typer.echo("no promotion events yet")

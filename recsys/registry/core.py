@@ -368,14 +368,15 @@ class Registry(RegistryReads):
 
 
 def open_registry(
-    config: RegistryConfig, repo_root: Path, gate: GateConfig | None = None
+    config: RegistryConfig, repo_root: Path, gate: GateConfig | None = None, read_only: bool = False
 ) -> Registry:
     """Connect to the registry named by `config` (relative paths are under `repo_root`), migrating it to
-    the latest schema first."""
+    the latest schema first. `read_only`: a caller that only reads (listing, serving) and must not create
+    a SQLite registry file that does not exist yet: it reads an empty registry instead."""
     repo_root = Path(repo_root)
     validate_name(config.model_name, "registry.model_name")
     try:
-        url = resolve_url(config.url, repo_root)
+        url = resolve_url(config.url, repo_root, read_only)
         engine = make_engine(url)
     except Exception as err:  # a malformed URL, a missing driver
         raise ConfigError(f"registry.url: cannot use {config.url!r}: {err}") from err

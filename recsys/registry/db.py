@@ -173,8 +173,13 @@ def _is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def resolve_url(url: str, repo_root: Path) -> str:
-    """Make a relative SQLite file path relative to `repo_root` and create its parent directory."""
+EMPTY_SQLITE = "sqlite://"  # an in-memory database: what a reader gets where no registry file exists yet
+
+
+def resolve_url(url: str, repo_root: Path, read_only: bool = False) -> str:
+    """Make a relative SQLite file path relative to `repo_root` and create its parent directory — or, for a
+    reader (`read_only`), give an empty in-memory database where that file does not exist yet, so that
+    looking at a registry nobody has written to creates nothing."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return url
@@ -184,6 +189,8 @@ def resolve_url(url: str, repo_root: Path) -> str:
     path = Path(database)
     if not path.is_absolute():
         path = Path(repo_root) / path
+    if read_only and not path.exists():
+        return EMPTY_SQLITE
     path.parent.mkdir(parents=True, exist_ok=True)
     return parsed.set(database=str(path)).render_as_string(hide_password=False)
 
