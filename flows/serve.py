@@ -9,6 +9,7 @@ Retraining deployments are limited to one run at a time; the DVC workspace lock 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from prefect import serve
 
@@ -46,7 +47,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
                         help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
     args = parser.parse_args(argv)
-    serve(*deployments(args.cron))
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:
+        # Without a server, Prefect serves against a temporary one that lives and dies with this process: no UI
+        # to reach, no schedule that outlives it. Say what to do instead of appearing to work.
+        print("error: flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run `prefect "
+              "server start` in another terminal, then `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or "
+              "`prefect config set PREFECT_API_URL=...`)", file=sys.stderr)
+        sys.exit(1)
+    import httpx
+
+    url = get_current_settings().api.url
+    try:
+        serve(*deployments(args.cron))
+    except httpx.ConnectError as err:
+        print(f"error: cannot reach the Prefect server at {url} ({err}): is `prefect server start` running, and "
+              "is PREFECT_API_URL its address?", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
