@@ -56,6 +56,24 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     return parser
 
 
+def unreachable_server(err: BaseException) -> str | None:
+    """The one line for a Prefect API that does not answer (nothing listening at PREFECT_API_URL), found in
+    `err`'s chain of causes; None for any other failure."""
+    import httpx
+    from prefect.settings import get_current_settings
+
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
+            url = get_current_settings().api.url or "PREFECT_API_URL"
+            return (f"error: cannot reach the Prefect server at {url} ({cause}): is `prefect server start` "
+                    "running, and is PREFECT_API_URL its address?")
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
 
@@ -77,9 +95,10 @@ def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     try:
         return run()
     except Exception as err:
-        if not is_user_error(err):
+        line = error_line(err) if is_user_error(err) else unreachable_server(err)
+        if line is None:
             raise
         if verbose:
             traceback.print_exception(err)
-        last_words.append(error_line(err))
+        last_words.append(line)
         sys.exit(1)

@@ -13,6 +13,7 @@ import sys
 
 from prefect import serve
 
+from flows.errors import unreachable_server
 from flows.ingest import ingest
 from flows.pipeline import pipeline
 from flows.retrain import retrain
@@ -56,14 +57,13 @@ def main(argv: list[str] | None = None) -> None:
               "server start` in another terminal, then `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or "
               "`prefect config set PREFECT_API_URL=...`)", file=sys.stderr)
         sys.exit(1)
-    import httpx
-
-    url = get_current_settings().api.url
     try:
         serve(*deployments(args.cron))
-    except httpx.ConnectError as err:
-        print(f"error: cannot reach the Prefect server at {url} ({err}): is `prefect server start` running, and "
-              "is PREFECT_API_URL its address?", file=sys.stderr)
+    except Exception as err:
+        line = unreachable_server(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         sys.exit(1)
 
 

@@ -1,4 +1,5 @@
-"""`python -m flows.serve`: its deployments, and a schedule parsed before anything is served."""
+"""`python -m flows.serve`: its deployments, a schedule parsed before anything is served, and a Prefect server
+that is missing or unreachable (for every flow's command line) as one line."""
 
 from __future__ import annotations
 
@@ -42,8 +43,10 @@ def test_without_a_server_it_says_what_to_start_instead_of_serving_into_a_tempor
          "set PREFECT_API_URL=...`)")]
 
 
-def test_a_server_that_is_not_there_is_one_line(tmp_path):
-    """PREFECT_API_URL names a port nothing listens on: one line naming the address, exit 1, no traceback."""
+@pytest.mark.parametrize("module", ["serve", "pipeline", "retrain", "ingest"])
+def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
+    """PREFECT_API_URL names a port nothing listens on: one line naming the address, exit 1, no traceback —
+    from every flow's command line, before it touches the repository."""
     import os
     import socket
     import subprocess
@@ -56,7 +59,11 @@ def test_a_server_that_is_not_there_is_one_line(tmp_path):
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path), "DO_NOT_TRACK": "1"}
-    done = subprocess.run([sys.executable, "-m", "flows.serve"], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    repo = [] if module == "serve" else ["--repo-root", str(tmp_path / "repo")]
+    done = subprocess.run([sys.executable, "-m", f"flows.{module}", *repo], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith(f"error: cannot reach the Prefect server at {url} (")
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: cannot reach the Prefect server at {url} (")  # (the refusal, as httpx says it)
+    assert line.endswith("): is `prefect server start` running, and is PREFECT_API_URL its address?")
+    assert not (tmp_path / "repo").exists()
