@@ -43,10 +43,12 @@ def test_without_a_server_it_says_what_to_start_instead_of_serving_into_a_tempor
          "set PREFECT_API_URL=...`)")]
 
 
-@pytest.mark.parametrize("module", ["serve", "pipeline", "retrain", "ingest"])
+@pytest.mark.parametrize("module", ["serve", "retrain", pytest.param("pipeline", marks=pytest.mark.slow),
+                                    pytest.param("ingest", marks=pytest.mark.slow)])
 def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
     """PREFECT_API_URL names a port nothing listens on: one line naming the address, exit 1, no traceback —
-    from every flow's command line, before it touches the repository."""
+    from every flow's command line, before it touches the repository (the last two share retrain's
+    `run_main`, so they run with the slow tests)."""
     import os
     import socket
     import subprocess
