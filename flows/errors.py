@@ -67,10 +67,13 @@ def unreachable_server(err: BaseException) -> str | None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
-            url = get_current_settings().api.url or "PREFECT_API_URL"
+            url = get_current_settings().api.url
+            if not url:  # Prefect's temporary server (no PREFECT_API_URL) did not come up
+                return (f"error: Prefect's temporary API server did not answer ({cause}): start one with "
+                        "`prefect server start` and set PREFECT_API_URL to it")
             return (f"error: cannot reach the Prefect server at {url} ({cause}): is `prefect server start` "
                     "running, and is PREFECT_API_URL its address?")
-        cause = cause.__cause__ or cause.__context__
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return None
 
 

@@ -134,15 +134,7 @@ def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs:
     logger = get_run_logger()
     paths = Layout(root)
     fanout.check_fan_out(load_params(paths.params), models, force)
-    commit = fanout.head_commit(root)
-    dirty = fanout.uncommitted_code(root)
-    if dirty:
-        raise ConfigError(f"fan_out runs the committed code on the workers, but {', '.join(dirty)} differ(s) from "
-                          f"HEAD {commit[:12]}: commit and push first (or run without fan_out)")
-    if fanout.unpushed(root, commit):
-        raise ConfigError(f"fan_out's workers clone the repository and check out HEAD {commit[:12]}, which no remote "
-                          "branch of this checkout holds: `git push` it first (or `git fetch`, if it was pushed "
-                          "from another checkout)")
+    commit = fanout.committed_head(root)
     targets = [f"evaluate@{m}" for m in models]
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
         ran = fanout.running_stages(run_dvc(root, "repro", "prepare").stdout)

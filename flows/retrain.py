@@ -34,7 +34,7 @@ from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_
                                read_results, select_models, training_progress)
 from recsys.faults import fault_point
 from recsys.entry import positive_float, positive_int
-from recsys.fanout import IDLE_MINUTES, check_fan_out
+from recsys.fanout import IDLE_MINUTES, check_fan_out, committed_head
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -163,6 +163,7 @@ def retrain(
         from flows.fanout import check_deployment
 
         check_fan_out(params, selected, force, root)
+        committed_head(root)
         check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):

@@ -6,6 +6,7 @@ unless `--verbose` (`recsys --verbose COMMAND ...`) asks for one.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import logging
@@ -176,8 +177,9 @@ def _wire_optional_commands() -> None:
         except ImportError:
             continue
         if len(sub.registered_commands) == 1 and not sub.registered_groups and sub.registered_callback is None:
-            only = sub.registered_commands[0]
-            app.command(name, context_settings=only.context_settings)(only.callback)
+            command = copy.copy(sub.registered_commands[0])  # every setting of its own, under this name
+            command.name = name
+            app.registered_commands.append(command)
         else:
             app.add_typer(sub, name=name)
 

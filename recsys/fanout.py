@@ -144,13 +144,30 @@ def uncommitted_code(root: Path) -> list[str]:
 
 
 def unpushed(root: Path, commit: str) -> bool:
-    """Whether `commit` is on no remote-tracking branch of a checkout that has remotes: the workers clone the
-    repository and check the commit out, so one that only this checkout holds fails on every worker. (A
-    checkout without remotes says nothing: its deployment's clone step names the repository.)"""
-    if not _git(root, "remote").stdout.strip():
+    """Whether `commit` is on no branch of `origin` this checkout knows: the workers fetch it from their
+    clone's `origin` (`check_out`), so one that only this checkout holds fails on every worker. (A checkout
+    without an `origin` says nothing: its deployment's clone step names the repository.)"""
+    if "origin" not in _git(root, "remote").stdout.split():
         return False
-    done = _git(root, "branch", "--remotes", "--contains", commit)
-    return done.returncode == 0 and not done.stdout.strip()
+    done = _git(root, "branch", "--remotes", "--contains", commit, "--list", "origin/*")
+    if done.returncode != 0:
+        raise ConfigError(f"fan_out cannot tell whether HEAD {commit[:12]} is pushed: git branch failed "
+                          f"({done.stderr.strip()})")
+    return not done.stdout.strip()
+
+
+def committed_head(root: Path) -> str:
+    """HEAD, once it is what the workers will run: no stage code differs from it, and `origin` holds it."""
+    commit = head_commit(root)
+    dirty = uncommitted_code(root)
+    if dirty:
+        raise ConfigError(f"fan_out runs the committed code on the workers, but {', '.join(dirty)} differ(s) from "
+                          f"HEAD {commit[:12]}: commit and push first (or run without fan_out)")
+    if unpushed(root, commit):
+        raise ConfigError(f"fan_out's workers clone the repository and check out HEAD {commit[:12]}, which no "
+                          "branch of origin holds: `git push` it first (or `git fetch`, if it was pushed from "
+                          "another checkout)")
+    return commit
 
 
 def work_order(root: Path, model: str, commit: str) -> WorkOrder:

@@ -252,6 +252,11 @@ def answer(
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
+        if prepared is None and registry.latest_baseline() is None:
+            raise RecommendError("nothing can answer yet: no model is registered and there is no prepared dataset "
+                                 "to count popularity in; `python -m flows.pipeline` (or `bash scripts/demo.sh` "
+                                 "on the embedded data) trains, gates and registers one — or `dvc repro` then "
+                                 "`recsys registry promote --model mostpop`")
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
                         history=history)
@@ -324,10 +329,8 @@ def _popularity(
         result.reason = f"baseline v{baseline.version} ({baseline.architecture}) answers"
         return ranked
     if prepared is None:
-        raise RecommendError("nothing can answer yet: no model is registered and there is no prepared dataset "
-                             "to count popularity in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on "
-                             "the embedded data) trains, gates and registers one — or `dvc repro` then "
-                             "`recsys registry promote --model mostpop`")
+        raise RecommendError("no popularity fallback: no baseline version is registered and there is no "
+                             "prepared dataset; run `dvc repro` and `recsys registry promote --model mostpop`")
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
