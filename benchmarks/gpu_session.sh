@@ -50,7 +50,7 @@ SASREC_D64='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windo
 # params.yaml's SASRec since session 21 (benchmarks/curves.py SASREC_DEFAULT_RUN)
 SASREC="${SASREC_D64},dim=128,lr=0.002"
 # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG)
-BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1,masking=exact'
+BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
 MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
 # MOJITO at SASRec's width and rate (curves.py's MOJITO_WIDE; BERT4Rec's, BERT4REC_WIDE, is concluded: 0.1677
 # against 0.1673 at its own width, session 23)
@@ -60,15 +60,15 @@ MOJITO_GRAPHED="${MOJITO},cuda_graph=true"
 MOJITO_WIDE_GRAPHED="${MOJITO_WIDE},cuda_graph=true"
 # MOJITO at SASRec's rate, its own width (curves.py MOJITO_LR2_GRAPHED)
 MOJITO_LR2_GRAPHED="${MOJITO},lr=0.002,cuda_graph=true"
-# BERT4Rec's defaults graphed: exact masking cuts the captured loss to ~mask_prob of the tokens
-# (curves.py BERT4REC_EXACT_GRAPHED)
-BERT4REC_EXACT_GRAPHED="${BERT4REC},cuda_graph=true"
+# BERT4Rec's defaults graphed with exact masking, which cuts the captured loss to ~mask_prob of the tokens
+# (curves.py BERT4REC_EXACT_GRAPHED; not the default since session 25: below Bernoulli on ml-1m-half, CPU)
+BERT4REC_EXACT_GRAPHED="${BERT4REC},masking=exact,cuda_graph=true"
 # BERT4Rec candidates for its ml-1m-half aim (curves.py BERT4REC_MASK02_GRAPHED, BERT4REC_PEER_GRAPHED): the
 # paper's ML-1M mask rate, and RecTools' BERT4Rec shape (d 256, 4 heads, lr 1e-3, mask rate 0.15)
-BERT4REC_MASK02_GRAPHED="${BERT4REC},cuda_graph=true,mask_prob=0.2"
-BERT4REC_PEER_GRAPHED="${BERT4REC},cuda_graph=true,dim=256,n_heads=4,ffn_dim=1024,lr=0.001,mask_prob=0.15"
-# bench_step.py's BERT4Rec with the masking of sessions 13-23, beside params.yaml's (exact)
-BERT4REC_BERNOULLI_STEP='bert4rec@masking=bernoulli'
+BERT4REC_MASK02_GRAPHED="${BERT4REC},masking=exact,cuda_graph=true,mask_prob=0.2"
+BERT4REC_PEER_GRAPHED="${BERT4REC},masking=exact,cuda_graph=true,dim=256,n_heads=4,ffn_dim=1024,lr=0.001,mask_prob=0.15"
+# bench_step.py's BERT4Rec with exact masking, beside params.yaml's (Bernoulli)
+BERT4REC_EXACT_STEP='bert4rec@masking=exact'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
 BIG="${SASREC},lr_scaling=sqrt,warmup_steps=50,min_epochs=0"
 
@@ -127,10 +127,11 @@ case "$phase" in
     #      an epoch, 2.1 x the epochs). SASRec's rate at MOJITO's width, graphed and alone on the device, seeds
     #      42-44 (MOJITO_LR2: on ml-100k, this CPU, the same test NDCG@10 at best epochs 43-51 instead of
     #      80-129 — RESULTS session 23);
-    #   2. where the captured MOJITO and BERT4Rec steps' time goes (--profile), BERT4Rec with exact masking
-    #      (params.yaml's since session 24: its graphed loss at ~0.3 of the tokens) and with Bernoulli's;
-    #   3. BERT4Rec's defaults graphed, seed 42 alone: its time ratio against graphed SASRec (eager BERT4Rec,
-    #      Bernoulli masking, took 2.9 x eager SASRec's time and reached 0.86 x its NDCG@10);
+    #   2. where the captured MOJITO and BERT4Rec steps' time goes (--profile), BERT4Rec with Bernoulli masking
+    #      (params.yaml's) and with exact masking (its graphed loss at ~0.3 of the tokens);
+    #   3. BERT4Rec's defaults graphed with exact masking, seed 42 alone: its time ratio against graphed SASRec
+    #      (eager BERT4Rec, Bernoulli, took 2.9 x eager SASRec's time and reached 0.86 x its NDCG@10; exact
+    #      scored below Bernoulli on ml-1m-half on the CPU, session 25: a quality row for it too);
     #   4. BERT4Rec in RecTools' shape (d 256, 4 heads, lr 1e-3, mask rate 0.15), graphed and alone, seed 42:
     #      the peer whose BERT4Rec came closest to its softmax SASRec on ML-1M (0.91 x; session 25);
     #   5. quality seeds, QUICK_SHARED (default 5) processes at once on the device with --shared-device
@@ -175,7 +176,7 @@ PY
     within 200 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.2 --work-dir "$WORK/mojito-lr2" \
       --seeds 3 --runs "$MOJITO_LR2_GRAPHED" || echo "gpu_session: graphed MOJITO at lr 2e-3 failed" >&2
     back
-    within 70 "$PYTHON" "${step[@]}" --models mojito bert4rec "$BERT4REC_BERNOULLI_STEP" --batch-size 128 \
+    within 70 "$PYTHON" "${step[@]}" --models mojito bert4rec "$BERT4REC_EXACT_STEP" --batch-size 128 \
       --cuda-graph --profile 5 || echo "gpu_session: graphed MOJITO / BERT4Rec step failed" >&2
     back
     within 130 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 1.8 --work-dir "$WORK/bert4rec-exact" \

@@ -523,8 +523,8 @@ def test_the_gpu_session_script_trains_todays_defaults():
                                                   "BERT4REC_MASK02_GRAPHED", "MOJITO_WIDE", "MOJITO_GRAPHED",
                                                   "MOJITO_WIDE_GRAPHED"))
     assert '"$BERT4REC_PEER_GRAPHED"' in quick and '"$MOJITO_LR2_GRAPHED"' in quick
-    assert '"$BERT4REC_EXACT_GRAPHED"' in quick and '"$BERT4REC_BERNOULLI_STEP"' in quick
-    assert "\nBERT4REC_BERNOULLI_STEP='bert4rec@masking=bernoulli'\n" in script
+    assert '"$BERT4REC_EXACT_GRAPHED"' in quick and '"$BERT4REC_EXACT_STEP"' in quick
+    assert "\nBERT4REC_EXACT_STEP='bert4rec@masking=exact'\n" in script
     assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
