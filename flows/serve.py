@@ -9,14 +9,14 @@ Retraining deployments are limited to one run at a time; the DVC workspace lock 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from prefect import serve
 
-from flows.errors import unreachable_server
+from flows.errors import add_verbose_flag, run_main
 from flows.ingest import ingest
 from flows.pipeline import pipeline
 from flows.retrain import retrain
+from recsys.config import ConfigError
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -43,28 +43,26 @@ def cron_expression(text: str) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
-                        help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
-    args = parser.parse_args(argv)
+def serve_deployments(cron: str) -> None:
+    """Serve `deployments(cron)` against the Prefect server PREFECT_API_URL names."""
     from prefect.settings import get_current_settings
 
     if not get_current_settings().api.url:
         # Without a server, Prefect serves against a temporary one that lives and dies with this process: no UI
         # to reach, no schedule that outlives it. Say what to do instead of appearing to work.
-        print("error: flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run `prefect "
-              "server start` in another terminal, then `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or "
-              "`prefect config set PREFECT_API_URL=...`)", file=sys.stderr)
-        sys.exit(1)
-    try:
-        serve(*deployments(args.cron))
-    except Exception as err:
-        line = unreachable_server(err)
-        if line is None:
-            raise
-        print(line, file=sys.stderr)
-        sys.exit(1)
+        raise ConfigError("flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run "
+                          "`prefect server start` in another terminal, then `export "
+                          "PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config set PREFECT_API_URL=...`)")
+    serve(*deployments(cron))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = add_verbose_flag(
+        argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
+                        help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
+    args = parser.parse_args(argv)
+    run_main(lambda: serve_deployments(args.cron), args.verbose)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,13 @@ that is missing or unreachable (for every flow's command line) as one line."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+
+from flow_support import REPO_ROOT
 
 
 def test_the_served_deployments_and_their_schedule():
@@ -28,16 +34,14 @@ def test_a_bad_schedule_is_one_usage_line_before_anything_is_served(bad, capsys)
     assert f"argument --cron: not a cron expression: {bad!r}" in err and "Traceback" not in err
 
 
-def test_without_a_server_it_says_what_to_start_instead_of_serving_into_a_temporary_one(monkeypatch, tmp_path,
-                                                                                        capsys):
-    from flows.serve import main
-
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))  # no profile naming a server either
-    with pytest.raises(SystemExit) as done:
-        main([])
-    assert done.value.code == 1
-    assert capsys.readouterr().err.strip().splitlines() == [
+def test_without_a_server_it_says_what_to_start_instead_of_serving_into_a_temporary_one(tmp_path):
+    """(A subprocess: the flows' `run_main` prints its one line as the interpreter exits.)"""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path), DO_NOT_TRACK="1")  # no profile naming a server either
+    done = subprocess.run([sys.executable, "-m", "flows.serve"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
         ("error: flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run `prefect server "
          "start` in another terminal, then `export PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config "
          "set PREFECT_API_URL=...`)")]
@@ -49,12 +53,7 @@ def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
     """PREFECT_API_URL names a port nothing listens on: one line naming the address, exit 1, no traceback —
     from every flow's command line, before it touches the repository (the last two share retrain's
     `run_main`, so they run with the slow tests)."""
-    import os
     import socket
-    import subprocess
-    import sys
-
-    from flow_support import REPO_ROOT
 
     with socket.socket() as s:  # a port that was free a moment ago and that nothing listens on now
         s.bind(("127.0.0.1", 0))
