@@ -252,15 +252,13 @@ def answer(
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
-        if prepared is None and registry.latest_baseline() is None:
-            raise RecommendError("nothing can answer yet: no model is registered and there is no prepared dataset "
-                                 "to count popularity in; `python -m flows.pipeline` (or `bash scripts/demo.sh` "
-                                 "on the embedded data) trains, gates and registers one — or `dvc repro` then "
-                                 "`recsys registry promote --model mostpop`")
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
                         history=history)
-        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
+        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result, unanswerable=(
+            "nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
+            "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and "
+            "registers one — or `dvc repro` then `recsys registry promote --model mostpop`"))
         result.reason = f"popularity fallback: no champion is registered yet; {result.reason}"
         return _with_items(result, ranked, prepared)
 
@@ -314,9 +312,11 @@ def _with_items(result: Answer, ranked: list[tuple[str, float]], prepared: Prepa
 def _popularity(
     registry: Any, prepared: Prepared | None, raw_items: list[str], raw_times: list[int], k: int,
     at_time: int | None, result: Answer,
+    unanswerable: str = ("no popularity fallback: no baseline version is registered and there is no prepared "
+                         "dataset; run `dvc repro` and `recsys registry promote --model mostpop`"),
 ) -> list[tuple[str, float]]:
     """Popularity from the latest registered baseline (verified before loading), else from the dataset.
-    Fills in who answered on `result`."""
+    Fills in who answered on `result`; with neither, `unanswerable` is the error (the caller's situation)."""
     from recsys.checkpoint import load_model
 
     baseline = registry.latest_baseline()
@@ -329,8 +329,7 @@ def _popularity(
         result.reason = f"baseline v{baseline.version} ({baseline.architecture}) answers"
         return ranked
     if prepared is None:
-        raise RecommendError("no popularity fallback: no baseline version is registered and there is no "
-                             "prepared dataset; run `dvc repro` and `recsys registry promote --model mostpop`")
+        raise RecommendError(unanswerable)
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
