@@ -152,10 +152,17 @@ def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None
         raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; {remedy}")
 
 
+def planned_row(run: str, dataset: str, params, max_minutes: float, device: str, seed_offset: int) -> dict:
+    """What a run of this process will record of itself before it trains: its key and its settings."""
+    _, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
+    return {"dataset": dataset, "run": run, "seed": train_config.seed, "config": as_json(model_config),
+            "train": as_json(train_config)}
+
+
 def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_minutes: float, device: str,
                    seed_offset: int) -> None:
-    _, model_config, train_config = run_configs(run, params, max_minutes, device, seed_offset)
-    refuse_other_settings(row, {"dataset": dataset, "config": as_json(model_config), "train": as_json(train_config)},
+    planned = planned_row(run, dataset, params, max_minutes, device, seed_offset)
+    refuse_other_settings(row, {part: planned[part] for part in ("dataset", "config", "train")},
                           path, "use a new --work-dir or delete that file to train this run again")
 
 
@@ -265,6 +272,11 @@ def conflicting_row(keep: dict, row: dict) -> tuple[dict | None, list[tuple[str,
     return None, []
 
 
+def stored_rows(path: Path) -> dict:
+    """The rows of a results file by their (dataset, run, seed) key; none when it does not exist yet."""
+    return {row_key(r): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
+
+
 def refuse_conflict(keep: dict, row: dict, path: Path) -> None:
     """Stop with one sentence when `row` may not join the rows `keep` of `path` (`conflicting_row`)."""
     stored, diff = conflicting_row(keep, row)
@@ -281,13 +293,10 @@ def check_mergeable(runs: list[str], offsets, dataset: str, params, max_minutes:
                     path: Path) -> None:
     """`merge`'s refusal before any training: each run and seed this process would train, built as its row
     will be, against the rows already in `path` — hours sooner than after the run, with the same sentence."""
-    existing = json.loads(path.read_text()) if path.is_file() else []
-    keep = {row_key(r): r for r in existing}
+    keep = stored_rows(path)
     for run in runs:
         for offset in offsets:
-            _, model_config, train_config = run_configs(run, params, max_minutes, device, offset)
-            refuse_conflict(keep, {"dataset": dataset, "run": run, "seed": train_config.seed,
-                                   "config": as_json(model_config), "train": as_json(train_config)}, path)
+            refuse_conflict(keep, planned_row(run, dataset, params, max_minutes, device, offset), path)
 
 
 def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
@@ -298,8 +307,7 @@ def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
     params.yaml as it is, so after a default changes the same string trains something else (nothing is
     written then)."""
     with claimed(path):
-        existing = json.loads(path.read_text()) if path.is_file() else []
-        keep = {row_key(r): r for r in existing}
+        keep = stored_rows(path)
         for r in results:
             refuse_conflict(keep, r, path)
             keep[row_key(r)] = r
