@@ -39,9 +39,22 @@ def finish_commit(paths: Paths, entry: dict[str, Any], index: KeyIndex | None) -
 
     `index` is None where the caller does not keep one (a reader's recovery); the next ingest's
     `KeyIndex.sync` then indexes the part."""
+    return record_commit(paths, entry, add_version(paths, entry), index)
+
+
+def add_version(paths: Paths, entry: dict[str, Any]) -> dict[str, Any]:
+    """`dvc add` the store (the journal's part is in it): the record with its data version."""
     record = dict(entry["record"])
     record["data_version"] = dvc_add(paths) if record["part_file"] else data_version(paths)
     fault_point("after_dvc_add")
+    return record
+
+
+def record_commit(
+    paths: Paths, entry: dict[str, Any], record: dict[str, Any], index: KeyIndex | None
+) -> dict[str, Any]:
+    """After `dvc add`: the manifest line, the key index, the report. From here on the batch is in the
+    store and in data.dvc, so a failure is completed by recovery (the journal stays), never undone."""
     append_manifest(paths.manifest, record)
     fault_point("after_manifest")
     if index is not None and record["part_file"]:
@@ -110,10 +123,10 @@ def commit(
         if part:
             raw_store.write_part(where.store, part, plan.accepted, tmp_dir=where.scratch)
         fault_point("after_part_write")
-        record = finish_commit(where, entry, index)
+        record = add_version(where, entry)
     except (IngestError, OSError) as err:
-        # dvc add failed or the disk is full: undo the append so that the store, data.dvc and the manifest
-        # agree again (the manifest line is the last step, so it was not written).
+        # dvc add failed or the disk is full before data.dvc took the part: undo the append so that the
+        # store, data.dvc and the manifest agree again (nothing has recorded the part yet).
         if part:
             (where.store / raw_store.INTERACTIONS_DIR / part).unlink(missing_ok=True)
         if quarantine_file is not None:
@@ -123,6 +136,17 @@ def commit(
             raise
         raise IngestError(
             f"{source}: could not write the store ({err.strerror or err}); nothing was changed"
+        ) from err
+    try:
+        record = record_commit(where, entry, record, index)
+    except OSError as err:
+        # data.dvc already names the part: undoing it now would leave data.dvc (and the push) pointing at a
+        # version whose rows are gone. The journal stays, and the next run's recovery finishes the record.
+        written = f"its rows are in the store as {part}" if part else "its quarantine file is written"
+        raise IngestError(
+            f"{source}: {written} (data version {record['data_version']}), but recording the batch failed "
+            f"({err.strerror or err}); free the space, then run `recsys ingest` again: it completes the "
+            "record before anything else"
         ) from err
     journal.unlink()
     raw_store.fsync_dir(where.pending)

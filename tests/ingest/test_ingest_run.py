@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from recsys import ingest
 from recsys import store as raw_store
 from recsys.commands.ingest import app
+from recsys.ingest import commit as commit_module
+from recsys.ingest import report as ingest_report
 from recsys.store import read_store
 from test_ingest_support import T0, config, copy_repo, events, make_repo, snapshot, write_csv, write_frame
 
@@ -307,6 +309,37 @@ def test_disk_full_during_the_part_write_changes_nothing(repo, monkeypatch):
     assert list((repo / ".ingest" / "pending").iterdir()) == []
     monkeypatch.undo()
     assert ingest_one(repo, path).status == "ingested"  # a retry after freeing space works
+
+
+@pytest.mark.parametrize("step", ["manifest", "report"])
+def test_disk_full_after_dvc_add_keeps_the_part_and_the_next_run_records_it(repo, monkeypatch, step):
+    """Once data.dvc has the part, a failure is completed, never undone: the part and the journal stay."""
+    batch = events(10, start=1200).assign(user_id=lambda f: f.user_id + "y")
+    path = write_frame(repo / "inbox" / "late.csv", batch)
+    rows_before = len(read_store(repo / "data"))
+
+    def disk_full(*args, **kwargs):  # the only mocked fault: ENOSPC cannot be produced for real here
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if step == "manifest":
+        monkeypatch.setattr(commit_module, "append_manifest", disk_full)
+    else:
+        real = ingest_report.validation.write_report
+        monkeypatch.setattr(ingest_report.validation, "write_report",
+                            lambda rep, *a: disk_full() if rep["status"] == "ingested" else real(rep, *a))
+    failed = "rows are in the store as part-.*recording the batch failed \\(No space left on device\\)"
+    with pytest.raises(ingest.IngestError, match=failed):
+        ingest_one(repo, path)
+    parts = {p.name for p in (repo / "data" / "interactions").glob("part-*")}
+    assert len(list((repo / ".ingest" / "pending").iterdir())) == 1  # the journal stays for recovery
+    monkeypatch.undo()
+    summary = ingest_one(repo, path)  # recovery records the batch first, so it is already ingested
+    assert summary.status == "duplicate_batch", summary.message
+    assert {p.name for p in (repo / "data" / "interactions").glob("part-*")} == parts
+    assert {r["part_file"] for r in manifest(repo) if r["part_file"]} == parts
+    assert [r["batch_sha256"] for r in manifest(repo)].count(summary.batch_sha256) == 1
+    assert len(read_store(repo / "data")) == rows_before + 10
+    assert list((repo / ".ingest" / "pending").iterdir()) == []
 
 
 def test_unknown_mapping_target_is_a_configuration_error(repo):
