@@ -31,7 +31,8 @@ from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
-                               read_results, select_models, training_progress)
+                               read_results, restore_left_override, select_models,
+                               training_progress)
 from recsys.faults import fault_point
 from recsys.entry import positive_float, positive_int
 from recsys.fanout import IDLE_MINUTES, check_fan_out, committed_head
@@ -85,6 +86,7 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
 
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
         done = run_dvc(paths.root, *args, watch=report)
+        fault_point("after_repro")  # a kill here leaves an --epochs override for the next run to put back
     update_progress_artifact(progress_id, 100.0, description="dvc repro finished")
     for stale in prune_resume_state(paths.resume, models):  # outputs complete, however DVC got them
         logger.info("removed resume state %s", stale)
@@ -157,6 +159,8 @@ def retrain(
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
+    if restore_left_override(paths.params):  # before anything reads params.yaml or asks DVC what is stale
+        logger.warning("params.yaml: put back the original that an interrupted --epochs run left rewritten")
     params = load_params(paths.params)
     selected = select_models(params, models)
     if fan_out:  # refuse what fan-out cannot do before anything runs

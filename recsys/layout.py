@@ -31,6 +31,7 @@ METRICS = "metrics/{model}.json"
 CURVE = "plots/{model}.csv"
 RESUME = ".resume"  # trainer state after each epoch (git-ignored, outside DVC)
 STATE = ".ingest"  # workspace lock, ingest journal, params backup during an --epochs override
+SCRATCH = "tmp"  # inside STATE: the temp files of workspace writes, emptied when recovery starts
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class Layout:
     @property
     def state(self) -> Path:
         return self.root / STATE
+
+    @property
+    def scratch(self) -> Path:
+        return self.root / STATE / SCRATCH
 
     def model_dir(self, model: str) -> Path:
         return self.root / MODEL_DIR.format(model=model)

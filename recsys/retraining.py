@@ -17,6 +17,8 @@ import yaml
 
 from recsys.config import ConfigError, Params, validate_name
 from recsys.layout import Layout
+from recsys.workspace import workspace_lock
+from recsys.atomic import fsync_dir, write_text_atomic
 
 BASELINE = "mostpop"
 SELECTION_METRIC = "ndcg@10"
@@ -110,10 +112,13 @@ class epochs_override:
         for m in self.models:
             if isinstance(data.get(m), dict) and isinstance(data[m].get("train"), dict):
                 data[m]["train"]["epochs"] = self.epochs
+        # The backup is whole before params.yaml changes, and each file is replaced in one step, so a kill or a
+        # full disk at any point leaves params.yaml either as it was or restorable from a whole backup.
+        scratch = Layout(self.path.parent).scratch
         self.backup.parent.mkdir(parents=True, exist_ok=True)
-        self.backup.write_text(original, encoding="utf-8")
+        write_text_atomic(self.backup, original, scratch)
         # Comments are lost only for the duration of the run: the original bytes are restored on exit.
-        self.path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        write_text_atomic(self.path, yaml.safe_dump(data, sort_keys=False), scratch)
         return self
 
     def __exit__(self, *exc):
@@ -121,9 +126,25 @@ class epochs_override:
         return False
 
 
-def restore_params(params_path: Path) -> None:
-    """Put back the params file an interrupted `epochs_override` left rewritten."""
-    backup = _backup_of(Path(params_path))
-    if backup.is_file():
-        Path(params_path).write_text(backup.read_text(encoding="utf-8"), encoding="utf-8")
-        backup.unlink()
+def restore_params(params_path: Path) -> bool:
+    """Put back the params file an interrupted `epochs_override` left rewritten; True when it did.
+
+    Call it under the workspace lock: outside it, the backup may be a running override's."""
+    params_path = Path(params_path)
+    backup = _backup_of(params_path)
+    if not backup.is_file():
+        return False
+    write_text_atomic(params_path, backup.read_text(encoding="utf-8"), Layout(params_path.parent).scratch)
+    backup.unlink()
+    fsync_dir(backup.parent)
+    return True
+
+
+def restore_left_override(params_path: Path) -> bool:
+    """At the start of a run: put back params.yaml if a killed `--epochs` run left it rewritten (DVC would
+    find its stages up to date with the override and keep it for good). Locks only when a backup is there."""
+    params_path = Path(params_path)
+    if not _backup_of(params_path).is_file():
+        return False
+    with workspace_lock(params_path.parent):
+        return restore_params(params_path)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys.schema import ARROW_SCHEMA, REQUIRED_COLUMNS
+from recsys.atomic import fsync_dir
 from recsys.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -94,15 +95,6 @@ def read_store(store_dir: str | Path, columns: list[str] | None = None) -> pd.Da
         tables.append(table.select(schema.names).cast(schema))
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     return table.to_pandas().reset_index(drop=True)
-
-
-def fsync_dir(directory: str | Path) -> None:
-    """Make a rename durable: the directory entry itself has to reach the disk."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_part(

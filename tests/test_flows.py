@@ -123,6 +123,26 @@ def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_har
     assert "train@sasrec" in summary["stages_run"]
 
 
+def test_a_run_killed_after_an_epochs_override_repro_has_params_put_back_by_the_next_run(tmp_path):
+    """Killed after `dvc repro --epochs 1` but before the override's exit: dvc.lock matches the rewritten
+    params.yaml, so without a restore first the next run would find nothing stale and keep `epochs: 1`."""
+    repo = make_repo(tmp_path / "repo")
+    params_before = (repo / "params.yaml").read_bytes()
+    env = subprocess_env(tmp_path / "prefect-home")
+    cmd = [sys.executable, "-m", "flows.retrain", "--repo-root", str(repo), "--models", "sasrec"]
+    code, output = run_flow_process([*cmd, "--epochs", "1"], repo, {**env, "RECSYS_FAULT": "after_repro"},
+                                    tmp_path / "crash.log")
+    assert code != 0 and "injected fault at after_repro" in output, output[-3000:]
+    assert (repo / "params.yaml").read_bytes() != params_before  # what the kill left
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "rerun.log")
+    assert code == 0, output[-4000:]
+    assert "put back the original that an interrupted --epochs run left" in output
+    assert (repo / "params.yaml").read_bytes() == params_before
+    assert not (repo / ".ingest" / "params.yaml.orig").exists()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert lock["stages"]["train@sasrec"]["params"]["params.yaml"]["train"]["epochs"] == 12  # retrained
+
+
 def test_flow_killed_between_evaluation_and_promotion_promotes_exactly_once_after_rerun(tmp_path):
     """Kill the flow process at the fault point just before promotion, re-run it twice: one promotion."""
     repo = make_repo(tmp_path / "repo")

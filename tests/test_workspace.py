@@ -81,3 +81,52 @@ def test_bootstrap_never_replaces_ingested_data_with_the_generated_seed(dvc_repo
         ensure_raw_store(dvc_repo)
     assert (dvc_repo / "data.dvc").read_bytes() == before
     assert not store_has_data(dvc_repo)
+
+
+PARAMS_TEXT = "# comments a person wrote\nmodels: [mostpop, sasrec]\ntrain:\n  epochs: 200\n  lr: 0.002\n"
+
+
+def test_an_epochs_override_restores_the_params_bytes_and_leaves_no_temp_file(tmp_path):
+    from recsys.layout import Layout
+    from recsys.retraining import epochs_override
+
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS_TEXT)
+    with epochs_override(params, 1, ["sasrec"]):
+        assert yaml.safe_load(params.read_text())["train"]["epochs"] == 1
+        assert (tmp_path / ".ingest" / "params.yaml.orig").read_text() == PARAMS_TEXT
+    assert params.read_text() == PARAMS_TEXT
+    assert not (tmp_path / ".ingest" / "params.yaml.orig").exists()
+    assert list(Layout(tmp_path).scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("failing_write", [1, 2, 3])  # fsync: the backup, its folder, params.yaml
+def test_a_full_disk_while_the_override_writes_leaves_params_whole(tmp_path, monkeypatch, failing_write):
+    """Each file is replaced in one step, so no failure can leave a torn backup that a retry would restore."""
+    import errno
+    import os
+
+    from recsys import atomic
+    from recsys.layout import Layout
+    from recsys.retraining import epochs_override
+
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS_TEXT)
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):  # the only mocked fault: a full disk cannot be produced for real here
+        calls.append(fd)
+        if len(calls) == failing_write:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space left"), epochs_override(params, 1, ["sasrec"]):
+        pass
+    monkeypatch.undo()
+    assert params.read_text() == PARAMS_TEXT
+    assert list(Layout(tmp_path).scratch.iterdir()) == []
+    with epochs_override(params, None, ["sasrec"]):  # the retry puts back whatever was left, whole
+        pass
+    assert params.read_text() == PARAMS_TEXT
+    assert not (tmp_path / ".ingest" / "params.yaml.orig").exists()

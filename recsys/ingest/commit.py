@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys import store as raw_store
+from recsys.atomic import fsync_dir
 from recsys.config import IngestConfig
 from recsys.ingest.dvc import data_version, dvc_add, dvc_enabled
 from recsys.ingest.errors import IngestError
@@ -149,7 +150,7 @@ def commit(
             "record before anything else"
         ) from err
     journal.unlink()
-    raw_store.fsync_dir(where.pending)
+    fsync_dir(where.pending)
     message = ingested_message(record)
     log.info("%s: %s", source, message)
     return IngestSummary(

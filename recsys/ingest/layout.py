@@ -8,6 +8,7 @@ from pathlib import Path
 
 from recsys.config import IngestConfig
 from recsys.ingest.errors import BatchRejected
+from recsys.layout import SCRATCH
 from recsys.workspace import STATE_DIR
 
 
@@ -29,7 +30,7 @@ class Paths:
     @property
     def scratch(self) -> Path:
         """The one place ingest creates temp files; emptied when the next run (or recovery) starts."""
-        return self.state / "tmp"
+        return self.state / SCRATCH
 
     @property
     def push_marker(self) -> Path:

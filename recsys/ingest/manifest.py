@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from recsys import store as raw_store
+from recsys.atomic import fsync_dir, write_text_atomic
 from recsys.ingest.errors import IngestError
 
 log = logging.getLogger(__name__)
@@ -51,17 +51,10 @@ def append_manifest(manifest: Path, record: dict[str, Any]) -> None:
         handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
-    raw_store.fsync_dir(manifest.parent)
+    fsync_dir(manifest.parent)
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any], scratch: Path) -> None:
     """Write via a temp file in `scratch` (same file system), fsync, rename, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    scratch.mkdir(parents=True, exist_ok=True)
-    tmp = scratch / f"{path.parent.name}-{path.name}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    raw_store.fsync_dir(path.parent)
+    write_text_atomic(path, json.dumps(payload, sort_keys=True), scratch)

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from recsys import store as raw_store
+from recsys.atomic import fsync_dir
 from recsys.config import IngestConfig
 from recsys.ingest.commit import finish_commit
 from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push
@@ -71,7 +72,7 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
                 ) from err
             action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
         journal.unlink()
-        raw_store.fsync_dir(paths.pending)
+        fsync_dir(paths.pending)
         log.warning("recovery: %s", action)
         actions.append(action)
     return actions
@@ -104,6 +105,6 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
         )
     fault_point("after_push")
     paths.push_marker.unlink()
-    raw_store.fsync_dir(paths.state)
+    fsync_dir(paths.state)
     what = "completed an interrupted push" if interrupted else "pushed"
     return f"{what}: data version {version} is on the DVC remote"

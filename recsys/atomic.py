@@ -1,0 +1,36 @@
+"""Durable, all-or-nothing file writes shared by the workspace's writers (ingest, the params override).
+
+Standard library only, so a light entry point (the flows' nothing-new run) can use it without pandas."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path) -> None:
+    """Replace `path` with `text` in one step: a temp file in `tmp_dir` (the same file system), fsync, rename,
+    fsync the folder. A failure leaves the old file whole and no temp file; a kill, at most a temp file in
+    `tmp_dir` (a scratch folder that its next user empties)."""
+    path, tmp_dir = Path(path), Path(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / f"{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Make a rename durable: the directory entry itself has to reach the disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
