@@ -12,6 +12,8 @@ import pytest
 from flow_support import REPO_ROOT, TELEMETRY_ENV, flow_env
 from flows.errors import _HideUserErrorTracebacks, retry_if_transient
 from recsys.config import ConfigError
+from recsys.ingest.errors import DvcAddFailed, IngestError
+from recsys.ingest.run import IngestRun, PushFailed
 from recsys.prepare import PrepareError
 from recsys.workspace import DvcError, StageError
 
@@ -32,6 +34,10 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     (PrepareError("5-core filter kept 0 of 9 events"), False),
     (StageError("prepare: 5-core filter kept 0 of 9 events"), False),
     (DvcError("Unable to acquire lock"), True),
+    (IngestError("ingest.max_batch_rows must be a whole number"), False),
+    (PushFailed("the DVC remote does not have data version abc yet", IngestRun()), True),
+    (DvcAddFailed("`dvc add data` failed: ERROR: Unable to acquire lock", transient=True), True),
+    (DvcAddFailed("`dvc add data` failed: ERROR: output 'data' is already specified", transient=False), False),
     (OSError("disk hiccup"), True),
     (RuntimeError("a bug, maybe a flaky one"), True),
 ])

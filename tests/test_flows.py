@@ -109,6 +109,31 @@ def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_h
     assert (repo / "data.dvc").read_text() == data_dvc_before
 
 
+def test_an_unreachable_remote_is_retried_then_fails_with_one_line_and_the_next_run_pushes(tmp_path):
+    """A remote may come back, so the ingest task retries a failed push (each retry pushes first); when it
+    stays down the flow fails with the one line that says what to do, and the next run pushes."""
+    repo = make_repo(tmp_path / "repo")
+    drop_batch(repo)
+    env = subprocess_env(tmp_path / "prefect-home")
+    dvc = str(Path(sys.executable).parent / "dvc")
+    remote = subprocess.run([dvc, "remote", "list"], cwd=repo, capture_output=True, text=True,
+                            check=True).stdout.split()[1]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the remote folder should be")
+    subprocess.run([dvc, "remote", "modify", "--local", "local", "url", str(blocked)], cwd=repo, check=True)
+    cmd = [sys.executable, "-m", "flows.ingest", "--repo-root", str(repo)]
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "blocked.log")
+    assert code == 1, output[-4000:]
+    assert "Retry 1/2 will start" in output and "Retry 2/2 will start" in output, output[-4000:]
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the DVC remote does not have data version" in errors[0], output[-4000:]
+    assert "Traceback" not in output
+    assert (repo / "inbox" / "processed" / "batch-0001.csv").is_file()  # ingested once, before the push
+    subprocess.run([dvc, "remote", "modify", "--local", "local", "url", remote], cwd=repo, check=True)
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "again.log")
+    assert code == 0 and "completed an interrupted push" in output, output[-4000:]
+
+
 def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_harness, tmp_path):
     from flows.retrain import retrain
 

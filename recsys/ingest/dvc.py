@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys import workspace
-from recsys.ingest.errors import IngestError
+from recsys.ingest.errors import DvcAddFailed
 from recsys.ingest.layout import Paths
 
 
@@ -24,9 +24,9 @@ def dvc_add(paths: Paths) -> str | None:
         return None
     result = workspace.run_dvc(paths.root, "add", str(paths.store.relative_to(paths.root)), check=False)
     if result.returncode != 0:
-        raise IngestError(
-            f"`dvc add {paths.store.name}` failed: {(result.stderr or result.stdout).strip()[-800:]}"
-        )
+        output = (result.stderr or result.stdout).strip()
+        raise DvcAddFailed(f"`dvc add {paths.store.name}` failed: {output[-800:]}",
+                           transient="Unable to acquire lock" in output)
     return data_version(paths)
 
 

@@ -13,6 +13,15 @@ class IngestError(Exception):
     """Ingest could not run (environment, DVC, configuration). The message says what and what to do."""
 
 
+class DvcAddFailed(IngestError):
+    """`dvc add` of the store failed: transient when DVC's own lock was held (another `dvc` command in this
+    workspace), deterministic otherwise (the same add fails the same way)."""
+
+    def __init__(self, message: str, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
 class BatchRejected(IngestError):
     """This batch is bad as a whole; nothing was changed."""
 

@@ -38,7 +38,10 @@ class IngestRun(list):
 
 
 class PushFailed(IngestError):
-    """The batches are committed locally but the DVC remote does not have them yet."""
+    """The batches are committed locally but the DVC remote does not have them yet. Transient: a remote
+    comes back, and a retry pushes first (the flows retry it; the message says what a person can do)."""
+
+    transient = True
 
     def __init__(self, message: str, run: IngestRun):
         super().__init__(message)
