@@ -81,49 +81,77 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
     done: list[str] = []
     idle_since = time.monotonic()
     logger.info("fan-out: %d run(s) of %s scheduled: %s", len(orders), deployment, ", ".join(running))
-    while running:
-        time.sleep(poll)
-        with get_client(sync_client=True) as client:
-            states = {m: client.read_flow_run(run_id).state for m, run_id in running.items()}
-        if any(s is not None and (s.type.name in STARTED or s.is_final()) for s in states.values()):
-            idle_since = time.monotonic()  # a worker is on it, or something just ended: progress
-        elif time.monotonic() - idle_since > idle_minutes * 60:
-            pool = cancel_waiting(running, deployment)
-            raise fanout.FanOutError(
-                f"fan-out: no worker of pool {pool} took any of {deployment}'s runs for {idle_minutes:g} min "
-                f"({', '.join(running)} waiting; cancelled): start one (`prefect worker start --pool {pool} "
-                "--limit 1`) or raise fan_out_idle_minutes (--fan-out-idle-minutes)")
-        for model, state in states.items():
-            if state is None or not state.is_final():
-                continue
-            if state.is_completed():
-                done.append(str(running.pop(model)))
-                logger.info("fan-out: %s done on a worker", model)
-            elif state.is_crashed():
-                if attempts[model] > resubmits:
-                    raise fanout.WorkerLostError(f"fan-out: {model}'s run crashed {attempts[model]} times (last: "
-                                                 f"{state.message}); check the workers of {deployment}'s pool")
-                attempts[model] += 1
-                logger.warning("fan-out: %s's run crashed (%s); handing it out again (attempt %d)", model,
-                               state.message, attempts[model])
-                running[model] = submit(deployment, by_model[model], attempts[model]).id
-            else:  # Failed or Cancelled: deterministic, or a person's decision
-                raise fanout.FanOutError(f"fan-out: {model} {state.name.lower()} on a worker: "
-                                         f"{_short(state.message)}")
+    try:
+        while running:
+            time.sleep(poll)
+            with get_client(sync_client=True) as client:
+                states = {m: client.read_flow_run(run_id).state for m, run_id in running.items()}
+            if any(s is not None and (s.type.name in STARTED or s.is_final()) for s in states.values()):
+                idle_since = time.monotonic()  # a worker is on it, or something just ended: progress
+            elif time.monotonic() - idle_since > idle_minutes * 60:
+                cancel_unfinished(running, "fan-out gave up: no worker took it")
+                pool = _pool_of(deployment)
+                raise fanout.FanOutError(
+                    f"fan-out: no worker of pool {pool} took any of {deployment}'s runs for {idle_minutes:g} min "
+                    f"({', '.join(running)} waiting; cancelled): start one (`prefect worker start --pool {pool} "
+                    "--limit 1`) or raise fan_out_idle_minutes (--fan-out-idle-minutes)")
+            for model, state in states.items():
+                if state is None or not state.is_final():
+                    continue
+                if state.is_completed():
+                    done.append(str(running.pop(model)))
+                    logger.info("fan-out: %s done on a worker", model)
+                elif state.is_crashed():
+                    if attempts[model] > resubmits:
+                        raise fanout.WorkerLostError(
+                            f"fan-out: {model}'s run crashed {attempts[model]} times (last: {state.message}); "
+                            f"check the workers of {deployment}'s pool")
+                    attempts[model] += 1
+                    logger.warning("fan-out: %s's run crashed (%s); handing it out again (attempt %d)", model,
+                                   state.message, attempts[model])
+                    running[model] = submit(deployment, by_model[model], attempts[model]).id
+                else:  # Failed or Cancelled: deterministic, or a person's decision
+                    raise fanout.FanOutError(f"fan-out: {model} {state.name.lower()} on a worker: "
+                                             f"{_short(state.message)}")
+    except (fanout.FanOutError, fanout.WorkerLostError) as err:
+        # The retrain stops here, so nothing it handed out may go on: a worker would train it for nobody.
+        stopped = cancel_unfinished(running, "fan-out stopped: " + _short(str(err)))
+        if stopped:
+            raise type(err)(f"{err} (cancelled the other runs still out: {', '.join(stopped)})") from err
+        raise
+    except BaseException:  # interrupted (Ctrl-C, the coordinator cancelled) or the API failed
+        cancel_unfinished(running, "fan-out stopped: its coordinator ended")
+        raise
     return done
 
 
-def cancel_waiting(running: dict[str, Any], deployment: str) -> str:
-    """Cancel the runs still Scheduled (a worker starting later must not train them for nobody); returns
-    the deployment's pool, for the message."""
+def cancel_unfinished(running: dict[str, Any], why: str) -> list[str]:
+    """Cancel each run not yet final: a waiting one at once, one a worker is on through Cancelling (its worker
+    stops it). Returns the models cancelled. Best effort: a failure here is logged, never raised over the
+    error that stopped the fan-out."""
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelled
+    from prefect.states import Cancelled, Cancelling
+
+    stopped = []
+    try:
+        with get_client(sync_client=True) as client:
+            for model, run_id in running.items():
+                state = client.read_flow_run(run_id).state
+                if state is not None and state.is_final():
+                    continue
+                started = state is not None and state.type.name in STARTED
+                client.set_flow_run_state(run_id, Cancelling(message=why) if started else Cancelled(message=why))
+                stopped.append(model)
+    except Exception as err:  # noqa: BLE001 - the error that stopped the fan-out is the one to report
+        get_run_logger().warning("fan-out: could not cancel the runs still out (%s): %s", ", ".join(running), err)
+    return stopped
+
+
+def _pool_of(deployment: str) -> str:
+    """The deployment's work pool, for messages."""
+    from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        for run_id in running.values():
-            state = client.read_flow_run(run_id).state
-            if state is None or state.type.name == "SCHEDULED":
-                client.set_flow_run_state(run_id, Cancelled(message="fan-out gave up: no worker took it"))
         return client.read_deployment_by_name(deployment).work_pool_name or "?"
 
 

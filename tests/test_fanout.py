@@ -234,6 +234,51 @@ def test_the_fan_out_gives_up_when_no_worker_takes_its_runs_and_cancels_them(fak
     assert len(fake.cancelled) == 2 and all(s[0].is_cancelled() for s in fake.states.values())
 
 
+def test_a_failed_model_cancels_the_runs_still_out_and_says_which(fake_runs):
+    """The retrain stops when one model fails, so nothing it handed out goes on training for nobody: a waiting
+    run is cancelled, one a worker is on is asked to stop (Cancelling); a finished one is left alone."""
+    from prefect.states import Completed, Failed, Running, Scheduled
+
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Failed(message="train.lr must be > 0")], "mostpop": [Scheduled()],
+                      "bert4rec": [Running()], "mojito": [Completed()]})
+    with pytest.raises(fanout.FanOutError) as err:
+        wait_for(orders("sasrec", "mostpop", "bert4rec", "mojito"), "train-model/worker", poll=0)
+    assert "sasrec failed on a worker" in str(err.value)
+    assert "(cancelled the other runs still out: mostpop, bert4rec)" in str(err.value)
+    final = {model: fake.states[run_id][0] for model, run_id in zip(("sasrec", "mostpop", "bert4rec", "mojito"),
+                                                                   fake.states)}
+    assert final["mostpop"].is_cancelled() and final["bert4rec"].type.name == "CANCELLING"
+    assert final["sasrec"].is_failed() and final["mojito"].is_completed() and len(fake.cancelled) == 2
+
+
+def test_runs_that_keep_crashing_or_an_interrupted_coordinator_leave_nothing_running(fake_runs, monkeypatch):
+    from prefect.states import Crashed, Running
+
+    import flows.fanout
+    from flows.fanout import wait_for
+
+    fake = fake_runs({"sasrec": [Crashed(message="lost")] * 2, "mostpop": [Running()]})
+    with pytest.raises(fanout.WorkerLostError, match=r"crashed 2 times.*\(cancelled the other runs still out: "
+                                                     r"mostpop\)"):
+        wait_for(orders("sasrec", "mostpop"), "train-model/worker", resubmits=1, poll=0)
+    assert len(fake.cancelled) == 1
+
+    fake = fake_runs({"sasrec": [Running()], "mostpop": [Running()]})
+    polls = []
+
+    def interrupted(seconds):  # Ctrl-C (or Prefect cancelling the coordinator) on the second poll
+        polls.append(seconds)
+        if len(polls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(flows.fanout.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        wait_for(orders("sasrec", "mostpop"), "train-model/worker", poll=0)
+    assert len(fake.cancelled) == 2 and all(s[0].type.name == "CANCELLING" for s in fake.states.values())
+
+
 def test_a_run_a_worker_is_on_is_waited_for_however_long_it_trains(fake_runs):
     from prefect.states import Completed, Running, Scheduled
 
