@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from recsys.checkpoint import CheckpointError, read_meta, replace_dir
+from recsys.checkpoint import CheckpointError, read_meta, remove_stale_temp_dirs, replace_dir
 from recsys.config import ConfigError, TrainConfig
 from recsys.layout import WARM_SOURCE_FILE
 
@@ -105,6 +105,9 @@ def write_source(warm_dir: Path, version: int, artifact_sha256: str, files: Sequ
 
 
 def _write(warm_dir: Path, source: WarmSource, checkpoint_dir: Path | None) -> bool:
+    # A killed write's temp copy (or the old directory moved aside): writers hold the workspace lock, so any
+    # that exist now are leftovers, and each is a whole checkpoint's size.
+    remove_stale_temp_dirs(warm_dir)
     text = source_text(source)
     path = warm_dir / SOURCE_FILE
     # Already in place only when nothing else is there either: DVC hashes the whole directory, and a fan-out

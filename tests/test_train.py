@@ -763,3 +763,15 @@ def test_a_resumed_optimiser_keeps_this_runs_implementation_not_the_saved_ones(t
     steps = [s["step"] for s in resuming.state.values()]
     assert steps and all(t.device.type == "cpu" and t.dtype == torch.float32 and float(t) == 1.0 for t in steps)
     assert any(float(s["exp_avg"].abs().sum()) > 0 for s in resuming.state.values())  # the moments came back
+
+
+def test_a_curve_write_that_fails_leaves_the_old_curve_and_no_temp_file(tmp_path):
+    from recsys.train import _write_curve
+
+    curve = tmp_path / "plots" / "sasrec.csv"
+    _write_curve(curve, [{"epoch": 1, "loss": 2.0}])
+    before = curve.read_bytes()
+    with pytest.raises(ValueError, match="not in fieldnames"):  # a row the header does not cover
+        _write_curve(curve, [{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 1.5, "extra": 0}])
+    assert curve.read_bytes() == before
+    assert sorted(p.name for p in curve.parent.iterdir()) == ["sasrec.csv"]

@@ -264,7 +264,11 @@ def test_the_source_is_written_once_and_names_only_plain_files(tmp_path, tiny_sa
     escape = [["../model.json", 2, "0" * 64]]
     with pytest.raises(CheckpointError, match="invalid source"):
         write_source(tmp_path / "other", 3, SHA, escape, ckpt)
+    killed = [warm_dir.parent / ".sasrec-k1ll3d", warm_dir.parent / ".sasrec-old"]  # what a kill -9 leaves
+    for leftover in killed:
+        (leftover / CHECKPOINT).mkdir(parents=True)
     assert write_none(warm_dir, "the registry has no champion yet") is True
+    assert not any(leftover.exists() for leftover in killed)
     assert not (warm_dir / CHECKPOINT).exists()
     assert json.loads((warm_dir / SOURCE_FILE).read_text())["reason"] == "the registry has no champion yet"
     assert sorted(p.name for p in warm_dir.parent.iterdir()) == ["sasrec"]  # no temporary leftovers
