@@ -8,6 +8,7 @@ says to run `recsys bootstrap` first.)
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import yaml
@@ -61,10 +62,18 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
                 f"{paths.data_dvc.name} records {recorded} files of ingested data that `dvc pull` could not "
                 f"fetch ({why}); point DVC at the remote that holds them (`dvc remote list`) and run `dvc pull`"
             )
-        from recsys.config import load_params
+        from recsys.config import IngestConfig, load_params
         from recsys.data import generate, write_store
+        from recsys.ingest.layout import paths as ingest_paths
+        from recsys.ingest.manifest import write_json_atomic
+        from recsys.ingest.report import iso
 
         write_store(generate(load_params(params_path or paths.params).generate), paths.data)
-        run_dvc(root, "add", paths.data.name, "--quiet")  # DvcError (one line at the entry point) on failure
+        # Ingest's push marker, until the push succeeds: if it fails, this run fails (DvcError, one line at the
+        # entry point) and the next ingest run, which sees the marker, pushes the seed before anything else.
+        where = ingest_paths(root, IngestConfig())
+        write_json_atomic(where.push_marker, {"since": iso(time.time()), "by": "bootstrap"}, where.scratch)
+        run_dvc(root, "add", paths.data.name, "--quiet")
         run_dvc(root, "push", paths.data_dvc.name, "--quiet")
+        where.push_marker.unlink()
     return "generated the default dataset into data/ and versioned it with DVC"

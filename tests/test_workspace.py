@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
+from dvc_support import point_remote
 from recsys.workspace import DvcError, StageError, run_dvc
 
 # Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
@@ -69,6 +70,31 @@ def test_bootstrap_generates_and_versions_the_seed_then_finds_it_present(dvc_rep
     shutil.rmtree(dvc_repo / "data")  # a fresh clone: data.dvc committed, the data in the remote
     assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
     assert store_has_data(dvc_repo)
+
+
+@dvc_slow
+def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, write_params, tmp_path):
+    """The bootstrap's push failing must not leave the remote short with nothing to say so: ingest's push
+    marker stays, so the next ingest run (the nightly one too: it is work) pushes the seed first."""
+    from recsys.config import IngestConfig
+    from recsys.ingest import ingest_inbox
+    from recsys.ingest.layout import has_work
+    from recsys.ingest.layout import paths as ingest_paths
+
+    write_params(path=dvc_repo / "params.yaml")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the remote folder should be")
+    (dvc_repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {blocked}\n")
+    with pytest.raises(DvcError, match="push"):
+        ensure_raw_store(dvc_repo)
+    where = ingest_paths(dvc_repo, IngestConfig())
+    assert store_has_data(dvc_repo) and where.push_marker.is_file() and has_work(where)
+    point_remote(dvc_repo, tmp_path / "remote")
+    run = ingest_inbox(dvc_repo, IngestConfig())
+    assert any("completed an interrupted push" in action for action in run.actions), run.actions
+    assert not where.push_marker.exists()
+    shutil.rmtree(dvc_repo / "data")  # the remote has it now: a fresh clone pulls it
+    assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
 
 
 @dvc_slow
