@@ -148,6 +148,14 @@ class TrainConfig:
         return self.lr_final + (1.0 - self.lr_final) * f
 
     def __post_init__(self) -> None:
+        for name in ("epochs", "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1 (whole epochs), got {getattr(self, name)}")
+        for name in ("lr", "max_minutes", "grad_clip", "weight_decay"):
+            if not (0.0 <= getattr(self, name) < math.inf):
+                zero = {"lr": "the weights stay as initialised", "max_minutes": "no time limit",
+                        "grad_clip": "no clipping", "weight_decay": "none"}[name]
+                raise ValueError(f"train.{name} must be >= 0 (0 = {zero}), got {getattr(self, name)}")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
         if not 0.0 <= self.lr_final <= 1.0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import re
+
 import pytest
 import yaml
 
@@ -84,6 +86,24 @@ def test_unknown_key_is_named(raw, key):
 )
 def test_wrong_type_is_an_error(raw, where):
     with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+        parse_params(raw)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"train": {"epochs": -1}}, "train.epochs must be >= 1 (whole epochs), got -1"),
+    ({"train": {"epochs": 0}}, "train.epochs must be >= 1"),
+    ({"train": {"patience": 0}}, "train.patience must be >= 1"),
+    ({"train": {"lr": -1.0}}, "train.lr must be >= 0 (0 = the weights stay as initialised), got -1.0"),
+    ({"train": {"lr": float("nan")}}, "train.lr must be >= 0 (0 = the weights stay as initialised), got nan"),
+    ({"train": {"max_minutes": -5.0}}, "train.max_minutes must be >= 0 (0 = no time limit), got -5.0"),
+    ({"train": {"grad_clip": -1}}, "train.grad_clip must be >= 0 (0 = no clipping)"),
+    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay must be >= 0"),
+    ({"sasrec": {"train": {"lr": -2.0}}}, "sasrec.train: train.lr must be >= 0"),
+])
+def test_values_out_of_range_are_refused_with_the_key_and_value(raw, message):
+    """A run that cannot train (no epochs, a negative rate or clock) is refused at parse time, before a stage
+    reports success with the old checkpoint left in place."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse_params(raw)
 
 
