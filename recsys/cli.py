@@ -64,8 +64,8 @@ def data_batch(
 
     loaded = load_params(params)
     target = out or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
+    frame = generate_batch(loaded.generate, index)  # refuses a bad index before anything is created
     target.parent.mkdir(parents=True, exist_ok=True)
-    frame = generate_batch(loaded.generate, index)
     frame.to_csv(target, index=False, lineterminator="\n")
     typer.echo(f"wrote {len(frame)} interactions to {target}")
 
@@ -91,13 +91,10 @@ def data_import(
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
 ) -> None:
     """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
-    from recsys.data import (SEED_PART, DataError, Generated, read_movielens_1m, read_movielens_100k,
+    from recsys.data import (DataError, Generated, check_no_batches, read_movielens_1m, read_movielens_100k,
                              read_movielens_titles, read_table, write_store)
 
-    batches = sorted(p.name for p in (out / "interactions").glob("part-*.parquet") if p.name != SEED_PART)
-    if batches:
-        raise DataError(f"{out} already holds ingested batches ({', '.join(batches[:3])}…); importing a dataset "
-                        "as the seed would mix the two. Use an empty store (e.g. --out elsewhere) or remove them.")
+    check_no_batches(out)  # before reading the dataset (write_store checks again)
 
     if source == "movielens-1m":
         frame, titles = read_movielens_1m(path), read_movielens_titles(path)

@@ -254,13 +254,29 @@ def write_table(frame: pd.DataFrame, path: Path) -> None:
     tmp.replace(path)
 
 
+def check_no_batches(store: str | Path) -> None:
+    """A new seed only goes into a store that holds no ingested batches: under them it would change the
+    history they were deduplicated and validated against (and mix two datasets)."""
+    interactions = Path(store) / "interactions"
+    batches = sorted(p.name for p in interactions.glob("part-*.parquet") if p.name != SEED_PART)
+    if batches:
+        raise DataError(f"{store} already holds {len(batches)} ingested batch(es) ({', '.join(batches[:3])}"
+                        f"{'…' if len(batches) > 3 else ''}); a new seed under them would mix two datasets. Use an "
+                        "empty store (--out elsewhere) or remove them.")
+
+
 def write_store(generated: Generated, store: str | Path) -> Path:
-    """Write a dataset as the seed part of a raw store (`<store>/interactions/`) plus `items.csv`."""
+    """Write a dataset as the seed part of a raw store (`<store>/interactions/`) plus `items.csv`; refused
+    (`check_no_batches`) when the store holds ingested batches."""
     store = Path(store)
+    check_no_batches(store)
     part = store / "interactions" / SEED_PART
     write_table(generated.interactions, part)
     generated.items.to_csv(store / "items.csv", index=False, lineterminator="\n")
     return part
+
+
+BATCH_HORIZON = pd.Timestamp("2200-01-01", tz="UTC")  # no generated batch reaches past this
 
 
 def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
@@ -269,10 +285,14 @@ def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
     Batch `index` (1, 2, …) covers the `config.days` after the previous one, for a fifth of the users, so a
     demo (or a test) can drop realistic new interactions into the inbox.
     """
-    if index < 1:
-        raise DataError(f"batch index must be ≥ 1, got {index}")
     start = pd.Timestamp(config.start)
     start = start.tz_convert("UTC") if start.tzinfo else start.tz_localize("UTC")
+    # Batch i ends (i + 1)·days after the start; past the year 2200 its timestamps would leave pandas' range.
+    last = max(0, (BATCH_HORIZON - start).days // config.days - 1)
+    if not 1 <= index <= last:
+        raise DataError(f"batch index must be between 1 and {last:,} (each batch covers the generate.days = "
+                        f"{config.days} days after the previous one, from generate.start {config.start}), got "
+                        f"{index:,}")
     later = dataclasses.replace(
         config,
         seed=config.seed + 1000 * index,

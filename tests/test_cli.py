@@ -141,7 +141,7 @@ def test_console_script_refuses_injection(repo_root, tmp_path):
         "error: invalid model name 'x;drop': use lowercase letters, digits and _ (max 64)"]
 
 
-def test_data_import_refuses_to_mix_a_dataset_with_ingested_batches(monkeypatch, capsys, tmp_path, tiny_store):
+def test_data_import_and_generate_refuse_to_mix_a_dataset_with_ingested_batches(monkeypatch, capsys, tmp_path, tiny_store):
     ratings = tmp_path / "ml" / "u.data"
     ratings.parent.mkdir()
     ratings.write_text("".join(f"{u}\t{i}\t4\t{880000000 + u * 10 + i}\n" for u in range(1, 4) for i in range(1, 4)))
@@ -153,8 +153,14 @@ def test_data_import_refuses_to_mix_a_dataset_with_ingested_batches(monkeypatch,
     code, _, err = run_cli(monkeypatch, capsys, "data", "import", "movielens-100k", str(ratings.parent),
                            "--out", str(tiny_store))
     assert code == 1
-    assert_one_line_error(err, "already holds ingested batches", "part-00000000deadbeef.parquet")
+    assert_one_line_error(err, "already holds 1 ingested batch(es)", "part-00000000deadbeef.parquet")
     assert seed.read_bytes() == before  # nothing rewritten
+
+    # `data generate` writes the seed too, and refuses the same way (it silently rewrote it under the batch)
+    code, _, err = run_cli(monkeypatch, capsys, "data", "generate", "--out", str(tiny_store))
+    assert code == 1
+    assert_one_line_error(err, "already holds 1 ingested batch(es)", "--out elsewhere")
+    assert seed.read_bytes() == before
 
     batch.unlink()
     code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "movielens-100k", str(ratings.parent),
@@ -255,3 +261,16 @@ def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whol
     # (click names the program after how it was started: `recsys` here, `python -m pytest.recsys` under pytest)
     assert next(line for line in lines if line.startswith("Usage: ")).endswith(usage.removeprefix("Usage: "))
     assert any(paragraph in line for line in lines), out
+
+
+@pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"), ("99999999999", "got 99,999,999,999")])
+def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_nothing(
+        monkeypatch, capsys, tmp_path, write_params, index, shown):
+    params = write_params({"generate": {"start": "2024-01-01T00:00:00Z", "days": 180}})
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "data", "batch", index, "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "batch index must be between 1 and 356", "generate.days = 180", shown)
+    assert not (tmp_path / "inbox").exists()  # the inbox was created before the refusal
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "356", "--params", str(params))
+    assert code == 0 and (tmp_path / "inbox" / "generated-0356.csv").is_file(), out
