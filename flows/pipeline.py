@@ -47,7 +47,7 @@ def pipeline(
         fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
         fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
-    check_run_parameters(epochs, fan_out, fan_out_idle_minutes)  # before ingest: retrain would refuse them
+    check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)  # before ingest: retrain would refuse them
     if has_batches_or_unfinished_work(repo_root, inbox):
         ingested = ingest(inbox=inbox, repo_root=repo_root)
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
@@ -60,7 +60,7 @@ def pipeline(
 
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description="run the pipeline flow (ingest → retrain → gate)"))
-    parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
+    parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")

@@ -35,7 +35,7 @@ from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_
                                training_progress)
 from recsys.faults import fault_point
 from recsys.entry import positive_float, positive_int
-from recsys.fanout import IDLE_MINUTES, check_fan_out, committed_head
+from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -124,9 +124,14 @@ def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | 
     return ran
 
 
-def check_run_parameters(epochs: int | None, fan_out: str | None, fan_out_idle_minutes: float) -> None:
+def check_run_parameters(epochs: int | None, fan_out: str | None, fan_out_idle_minutes: float,
+                         models: list[str] | None = None) -> None:
     """A UI or API run's parameters are not argparse-checked: refuse impossible ones before anything runs."""
     check_epochs(epochs)
+    if models is not None and not list(models):
+        raise ConfigError("models is an empty list: leave it unset to train all in params.yaml, or name some")
+    if fan_out is not None:
+        check_deployment_name(fan_out)
     if fan_out and not fan_out_idle_minutes > 0:
         raise ConfigError(f"fan_out_idle_minutes must be > 0, got {fan_out_idle_minutes}")
 
@@ -155,7 +160,7 @@ def retrain(
         fan_out_idle_minutes: with `fan_out`, give up (cancelling the runs still waiting) when no worker has
             taken any of the runs for this long; training itself is not time-limited.
     """
-    check_run_parameters(epochs, fan_out, fan_out_idle_minutes)
+    check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
     logger = get_run_logger()
     root = Path(repo_root).resolve()
     paths = Layout(root)
@@ -212,7 +217,7 @@ def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description="run the retrain flow"))
-    parser.add_argument("--models", nargs="*", help="models to train (default: all in params.yaml)")
+    parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")
     parser.add_argument("--repo-root", default=str(ROOT),

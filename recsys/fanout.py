@@ -93,6 +93,15 @@ class WorkOrder:
         return {"model": self.model, "commit": self.commit, "files": dict(self.files)}
 
 
+def check_deployment_name(deployment: str) -> None:
+    """`fan_out` names a deployment as Prefect does, `<flow name>/<deployment name>` (Prefect's own check is a
+    traceback, and an empty value would silently mean "no fan-out")."""
+    parts = deployment.split("/")
+    if len(parts) != 2 or not all(part.strip() for part in parts):
+        raise ConfigError(f"fan_out must name a deployment as <flow>/<deployment>, e.g. train-model/worker (the "
+                          f"`prefect deployment ls` names), got {deployment!r}")
+
+
 def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path | None = None) -> None:
     """Refuse what fan-out cannot do faithfully, before anything runs, with the setting that fixes it."""
     if force:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -24,13 +25,23 @@ BASELINE = "mostpop"
 SELECTION_METRIC = "ndcg@10"
 
 
-def select_models(params: Params, models: list[str] | None) -> list[str]:
-    """`models` (default: all in params.yaml), validated, with the baseline first when params lists it."""
-    selected = [validate_name(m, "model name") for m in (models or list(params.models))]
+def listed_models(params: Params, models: Sequence[str] | None) -> list[str]:
+    """`models` (None: all in params.yaml), each a valid name listed in params.yaml `models`. An empty list is
+    refused, not read as "all": a UI form left empty must not start every model's training."""
+    if models is not None and not list(models):
+        raise ConfigError(f"models is an empty list: leave it unset for all in params.yaml "
+                          f"{list(params.models)}, or name some")
+    selected = [validate_name(m, "model name") for m in (list(params.models) if models is None else models)]
     unknown = [m for m in selected if m not in params.models]
     if unknown:
         raise ConfigError(f"model(s) {unknown} are not in params.yaml `models` {list(params.models)}; add them "
                           "there or choose among those")
+    return selected
+
+
+def select_models(params: Params, models: list[str] | None) -> list[str]:
+    """`models` (default: all in params.yaml), validated, with the baseline first when params lists it."""
+    selected = listed_models(params, models)
     if BASELINE in params.models and BASELINE not in selected:
         selected = [BASELINE, *selected]
     return selected

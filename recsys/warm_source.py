@@ -22,6 +22,7 @@ from recsys.checkpoint import CheckpointError
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
+from recsys.retraining import listed_models
 from recsys.registry import NotFoundError, VersionInfo, open_registry
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
 from recsys.warm import (
@@ -36,7 +37,7 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
     """Write the warm source of each model (default: every model in params.yaml), under the workspace lock.
     Returns one line per model saying what it will start from."""
     root = Path(root)
-    names = [validate_name(m, "model name") for m in (models or params.models)]
+    names = listed_models(params, models)
     trainable = {m: TRAINABLE.get(m, False) for m in names}
     wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
     lines = []

@@ -274,3 +274,12 @@ def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_
     assert not (tmp_path / "inbox").exists()  # the inbox was created before the refusal
     code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "356", "--params", str(params))
     assert code == 0 and (tmp_path / "inbox" / "generated-0356.csv").is_file(), out
+
+
+def test_warm_refuses_a_model_params_yaml_does_not_list_and_writes_nothing(monkeypatch, capsys, tmp_path,
+                                                                          write_params):
+    params = write_params({})
+    code, _, err = run_cli(monkeypatch, capsys, "warm", "--model", "nosuch", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "model(s) ['nosuch'] are not in params.yaml `models`")
+    assert not (tmp_path / "artifacts").exists() and not (tmp_path / ".ingest").exists()

@@ -350,4 +350,20 @@ def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path
     for bad in (0, -2, 2.5, True):
         with pytest.raises(ConfigError, match=rf"epochs override must be a whole number ≥ 1 .*got {bad!r}"):
             flow.fn(repo_root=missing, epochs=bad)
+    # An empty form field must not mean "everything" (models) or "no fan-out" (fan_out); Prefect's own check
+    # of a deployment name was a traceback.
+    with pytest.raises(ConfigError, match="models is an empty list: leave it unset"):
+        flow.fn(repo_root=missing, models=[])
+    for bad in ("", "bad", "train-model/", "a/b/c"):
+        with pytest.raises(ConfigError, match=rf"fan_out must name a deployment as <flow>/<deployment>.*{bad!r}"):
+            flow.fn(repo_root=missing, fan_out=bad)
     assert not (tmp_path / "no-repo").exists()
+
+
+@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
+def test_models_without_names_is_a_usage_error(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(module).main(["--models"])
+    assert done.value.code == 2 and "argument --models: expected at least one argument" in capsys.readouterr().err
