@@ -22,13 +22,12 @@ from prefect import flow, get_run_logger, task
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import IngestConfig, load_params
-from recsys.ingest.layout import has_work
+from recsys.config import ConfigError, IngestConfig, load_params
+from recsys.ingest.layout import NOTHING_TO_INGEST, has_work
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
-NOTHING_TO_INGEST = "nothing to ingest: the inbox is empty and no commit or push is unfinished"
 
 
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -38,8 +37,18 @@ def bootstrap(repo_root: str) -> str:
 
 
 def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
+    """params.yaml's ingest section, with `inbox` (relative to the repository, or absolute) in place of
+    ingest.inbox when given. A given inbox must be an existing folder: a typo would otherwise be an empty inbox
+    and a run that says "nothing to ingest"."""
     config = load_params(Layout(Path(repo_root)).params).ingest
-    return dataclasses.replace(config, inbox=inbox) if inbox else config
+    if inbox is None:
+        return config
+    if not inbox.strip():
+        raise ConfigError("inbox is empty: leave it unset for params.yaml's ingest.inbox, or name a folder")
+    if not (Path(repo_root) / inbox).is_dir():
+        raise ConfigError(f"inbox {inbox} is not a folder (relative paths are read from the repository "
+                          f"{Path(repo_root).resolve()}); create it or correct --inbox / the flow's inbox")
+    return dataclasses.replace(config, inbox=inbox)
 
 
 def has_batches_or_unfinished_work(repo_root: str, inbox: str | None) -> bool:
@@ -65,6 +74,7 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
         inbox: inbox folder (default: params.yaml `ingest.inbox`, relative to the repository).
         repo_root: the repository (DVC workspace) to ingest into; its params.yaml is read.
     """
+    ingest_config(repo_root, inbox)  # a bad inbox is refused before anything runs
     logger = get_run_logger()
     bootstrap(repo_root)
     if has_batches_or_unfinished_work(repo_root, inbox):

@@ -61,3 +61,22 @@ def test_console_keeps_the_line_but_drops_the_traceback_of_a_user_error_only():
     assert hider.filter(user) and user.exc_info is None
     bug = _record(KeyError("a bug"))
     assert hider.filter(bug) and bug.exc_info is not None
+
+
+@pytest.mark.parametrize("flow_name", ["ingest", "pipeline"])
+@pytest.mark.parametrize("inbox, message", [
+    ("", "inbox is empty: leave it unset"),
+    ("no-such-folder", "inbox no-such-folder is not a folder"),
+    ("params.yaml", "inbox params.yaml is not a folder"),
+])
+def test_a_given_inbox_must_be_a_folder_and_is_checked_before_anything_runs(flow_name, inbox, message, tmp_path):
+    """A typo in --inbox (or the UI's field) was an empty inbox: "nothing to ingest", exit 0."""
+    import importlib
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
+    with pytest.raises(ConfigError, match=message):
+        flow.fn(inbox=inbox, repo_root=str(repo))
+    assert sorted(p.name for p in repo.iterdir()) == ["params.yaml"]  # nothing bootstrapped or locked

@@ -37,14 +37,24 @@ def ingest(
 ) -> None:
     """Ingest each batch exactly once and move it to inbox/processed/ (or inbox/rejected/), as the ingest
     flow does; print what happened. Exit code 1 if any batch was rejected or the push did not finish."""
-    # GX import is slow; keep --help fast
+    from recsys.ingest.layout import NOTHING_TO_INGEST, has_work
+    from recsys.ingest.layout import paths as ingest_paths
+
+    try:
+        config = load_ingest_config(params)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    root = params.resolve().parent
+    if not paths and not has_work(ingest_paths(root, config)):  # a few stats: no ingest code, no key index
+        typer.echo(NOTHING_TO_INGEST)
+        return
+    # GX import is slow; keep --help and the empty run fast
     from recsys.ingest import IngestError, PushFailed, ingest_batches, ingest_inbox
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     push_error = None
     try:
-        config = load_ingest_config(params)
-        root = params.resolve().parent
         run = ingest_batches(paths, root, config, move=True) if paths else ingest_inbox(root, config)
     except PushFailed as err:
         run, push_error = err.run, str(err)

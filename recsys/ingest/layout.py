@@ -74,6 +74,9 @@ def needs_recovery(where: Paths) -> bool:
     return next(journals, None) is not None or next(scratch, None) is not None
 
 
+NOTHING_TO_INGEST = "nothing to ingest: the inbox is empty and no commit or push is unfinished"
+
+
 def has_work(where: Paths) -> bool:
     """Whether an ingest run would find anything to do: a batch in the inbox, an interrupted commit, or a push
     not yet done. A few stats, no data read and no lock taken — a scheduled run checks this before it loads

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from recsys import ingest
+from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.ingest.manifest import read_manifest
 from recsys.store import read_store
 from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, write_frame
@@ -103,7 +104,7 @@ def test_nothing_new_run_finishes_a_pending_push_and_says_so(repo):
     clean, status = dvc_clean(repo)
     assert clean, status
     quiet = cli(repo)
-    assert quiet.returncode == 0 and quiet.stdout.strip() == ""
+    assert quiet.returncode == 0 and quiet.stdout.strip() == NOTHING_TO_INGEST, quiet.stdout
 
 
 def test_unreachable_remote_fails_the_run_with_one_line_and_the_next_run_pushes(repo, tmp_path):

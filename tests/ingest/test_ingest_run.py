@@ -393,3 +393,12 @@ def test_cli_success_and_rejection(repo):
     params.write_text("ingest:\n  max_bad_row_shar: 0.1\n")
     result = CliRunner().invoke(app, [str(good), "--params", str(params)])
     assert result.exit_code == 1 and "error: ingest: unknown key(s) ['max_bad_row_shar']" in result.output
+
+
+def test_cli_with_nothing_to_do_says_so_and_creates_nothing(tmp_path):
+    from recsys.ingest.layout import NOTHING_TO_INGEST
+
+    (tmp_path / "params.yaml").write_text("ingest:\n  inbox: inbox\n")
+    result = CliRunner().invoke(app, ["--params", str(tmp_path / "params.yaml")])
+    assert result.exit_code == 0 and result.output.strip() == NOTHING_TO_INGEST, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no lock, no key index
