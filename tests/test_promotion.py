@@ -116,6 +116,25 @@ def test_a_repeated_promotion_changes_nothing(workspace):
         assert len(reg.list_versions()) == 2 and len(reg.history()) == 2
 
 
+def test_promoting_the_baseline_first_installs_it_once_and_later_gates_it(workspace):
+    """`promote --model mostpop` with nothing gated yet: the baseline champion, one event (it was installed,
+    then gated against itself: a second, `rejected`, event for the same version). Once a model has passed,
+    the baseline is a candidate like any other."""
+    first = runner.invoke(registry_app, ["promote", "--model", "mostpop", "--params",
+                                         str(workspace / "params.yaml")])
+    assert first.exit_code == 0, first.output
+    assert first.output.startswith("PROMOTED v1 (mostpop): v1 (mostpop) is the baseline champion"), first.output
+    with open_from(workspace / "params.yaml") as reg:
+        assert reg.champion_version() == 1 and [e.decision for e in reg.history()] == ["promoted"]
+    params = load_params(workspace / "params.yaml")
+    gated = promote_candidate(workspace, params, "sasrec")
+    again = promote_candidate(workspace, params, "mostpop")
+    assert gated.promoted and gated.version == 2, gated  # the tiny SASRec beats MostPop
+    assert again.baseline_kind == "champion" and again.baseline_version == 2 and not again.promoted
+    with open_from(workspace / "params.yaml") as reg:
+        assert len(reg.list_versions()) == 2
+
+
 def test_code_version_is_dirty_only_for_code_changes(workspace):
     head = git(workspace, "rev-parse", "HEAD")
     assert git_code_version(workspace) == f"{head}-dirty"  # code.py edited by make_workspace
