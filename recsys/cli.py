@@ -83,6 +83,21 @@ def data_download(
     typer.echo(f"extracted into {download_movielens(name, dest, url=url, sha256=sha256)}")
 
 
+def column_mapping(columns: list[str]) -> dict[str, str]:
+    """`--column canonical=source` options as a mapping; each must name a canonical column, once."""
+    from recsys.data import DataError
+    from recsys.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+
+    known, mapping = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS), {}
+    for option in columns:
+        canonical, _, source = option.partition("=")
+        if canonical not in known or not source or canonical in mapping:
+            raise DataError(f"--column {option!r}: use canonical=source once per canonical column, with "
+                            f"canonical one of {', '.join(known)} (e.g. --column user_id=customer)")
+        mapping[canonical] = source
+    return mapping
+
+
 @data_app.command("import")
 def data_import(
     source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
@@ -101,8 +116,7 @@ def data_import(
     elif source == "movielens-100k":
         frame, titles = read_movielens_100k(path), read_movielens_titles(path)
     elif source == "table":
-        mapping = dict(c.split("=", 1) for c in column if "=" in c)
-        frame, titles = read_table(path, mapping), None
+        frame, titles = read_table(path, column_mapping(column)), None
     else:
         raise DataError(f"unknown source {source!r}: movielens-1m | movielens-100k | table")
     import pandas as pd

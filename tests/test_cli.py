@@ -283,3 +283,15 @@ def test_warm_refuses_a_model_params_yaml_does_not_list_and_writes_nothing(monke
     assert code == 1
     assert_one_line_error(err, "model(s) ['nosuch'] are not in params.yaml `models`")
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / ".ingest").exists()
+
+
+@pytest.mark.parametrize("option", ["user_id", "bogus=customer", "user_id=", "=customer"])
+def test_data_import_refuses_a_column_mapping_it_cannot_follow(monkeypatch, capsys, tmp_path, option):
+    """`--column user_id` (no `=`) was dropped silently; `bogus=customer` renamed a column to bogus."""
+    table = tmp_path / "t.csv"
+    table.write_text("customer,sku,ts\na,b,1000000000\n")
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table),
+                           "--out", str(tmp_path / "out"), "--column", option)
+    assert code == 1
+    assert_one_line_error(err, f"--column {option!r}: use canonical=source", "user_id, item_id, timestamp")
+    assert not (tmp_path / "out").exists()
