@@ -263,7 +263,8 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
 
 def test_reading_a_registry_nobody_has_written_creates_nothing(tmp_path):
     """`list`, `show`, `history` and `recommend` only read: on a fresh clone (no registry file yet) they answer
-    as an empty registry would, and leave no registry/ folder or database behind."""
+    as an empty registry would, and leave no registry/ folder or database behind; nor does a refused
+    `rollback`."""
     params_path = write_params(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
     assert "no versions registered" in invoke(registry_app, "list", "--params", str(params_path)).output
@@ -272,6 +273,8 @@ def test_reading_a_registry_nobody_has_written_creates_nothing(tmp_path):
     assert shown.exit_code == 1 and "version 1 of model 'next_item' does not exist" in shown.output
     served = invoke(recommend_app, "--history", "m1", "--params", str(params_path))
     assert served.exit_code == 1 and "nothing can answer yet" in served.output
+    refused = invoke(registry_app, "rollback", "--params", str(params_path))  # writes, but has nothing to do
+    assert refused.exit_code == 1 and "no champion to roll back" in refused.output, refused.output
     assert sorted(p.name for p in tmp_path.iterdir()) == before == ["params.yaml"]
     # a writer creates it as before
     with open_from(params_path) as reg:

@@ -208,7 +208,9 @@ def rollback(
     """Move the champion back to the previous champion (or to --to VERSION); recorded as an event."""
     target = parse_version(to, "--to") if to is not None else None
     doing = f"cannot roll back to version {target}" if target is not None else "cannot roll back"
-    with open_from_params(params, doing) as registry:
+    # Without a registry file there is nothing to roll back: the refusal must not create one (a writer whose
+    # file exists opens it as always: `read_only` only decides what a missing SQLite file becomes).
+    with open_from_params(params, doing, read_only=True) as registry:
         event = registry.rollback(target)
         typer.echo(
             f"champion is now v{event.candidate_version} (was v{event.baseline_version}): {event.reason}"
