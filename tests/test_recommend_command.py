@@ -114,8 +114,9 @@ def test_request_errors_are_one_line(tmp_path):
     both = invoke(recommend_app, "--user", "alice", "--history", "m1", "--params", str(params_path))
     neither = invoke(recommend_app, "--params", str(params_path))
     empty = invoke(recommend_app, "--history", "m1,,m2", "--params", str(params_path))
+    nobody = invoke(recommend_app, "--user", "", "--params", str(params_path))
     for result, code, fragment in ((both, 2, "exactly one of"), (neither, 2, "exactly one of"),
-                                   (empty, 1, "'m1,,m2'")):
+                                   (empty, 1, "'m1,,m2'"), (nobody, 2, "--user is empty")):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
 

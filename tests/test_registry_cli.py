@@ -240,6 +240,11 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
 
     _write_stage_outputs(tmp_path, "mostpop", make_eval(-0.15, seed=7), b"mostpop")
     _write_stage_outputs(tmp_path, "sasrec", make_eval(0.0, seed=8), b"sasrec one")
+    unlabelled = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", " ",
+                        "--params", str(params_path))
+    assert unlabelled.exit_code == 1 and "dataset_version is empty" in unlabelled.output, unlabelled.output
+    with open_from(params_path) as reg:
+        assert reg.list_versions() == []  # refused before anything was registered
     first = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", "seed",
                    "--params", str(params_path))
     # MostPop became the baseline champion (v1) first; sasrec had to beat it.

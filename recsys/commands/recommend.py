@@ -56,6 +56,8 @@ def recommend_command(
 
     if (user is None) == (history is None):
         fail("give exactly one of --user ID or --history I1,I2,...", code=2)
+    if user is not None and not user.strip():
+        fail("--user is empty: give a raw user id, as in the dataset", code=2)
     try:
         at_time = parse_time(at) if at is not None else None
         items = parse_history(history) if history is not None else None

@@ -103,6 +103,8 @@ class Registry(RegistryReads):
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         for name, value in (("dataset_version", dataset_version), ("code_version", code_version),
                             ("eval_fingerprint", fingerprint)):
+            if value is not None and not str(value).strip():
+                raise RegistryError(f"{name} is empty: leave it unset for the recorded default, or give a label")
             if value is not None and len(str(value)) > _LIMITS[name]:
                 raise RegistryError(
                     f"{name} is longer than {_LIMITS[name]} characters "
