@@ -111,4 +111,6 @@ def model_stage_args(description: str, argv: list[str] | None = None):
     parser.add_argument("--params", default=PARAMS)
     parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
-    return validate_name(args.model, "model name"), load_params(args.params), Path(args.root)
+    name, params = validate_name(args.model, "model name"), load_params(args.params)
+    params.model_config(name)  # an unknown model is one line naming the known ones, in every stage alike
+    return name, params, Path(args.root)

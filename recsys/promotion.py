@@ -116,7 +116,7 @@ def promote_candidate(
     re-scoring on `artifacts/prepared`. The decision's `champion_rescored_metric` is the champion's value
     the gate compared."""
     root = Path(repo_root)
-    validate_name(model, "model name")
+    params.model_config(validate_name(model, "model name"))  # unknown: the known ones, not a stage to run
     validate_name(baseline, "baseline model name")
     candidate_dir, candidate, lineage = _stage_outputs(root, params, model, dataset_version)
     if candidate is None or lineage is None:

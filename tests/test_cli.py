@@ -39,6 +39,17 @@ def test_invalid_model_name(monkeypatch, capsys, command, name):
     assert_one_line_error(err, "invalid model name", repr(name))
 
 
+@pytest.mark.parametrize("command", [("train",), ("evaluate",), ("registry", "promote")])
+def test_an_unknown_model_is_named_with_the_known_ones(monkeypatch, capsys, tmp_path, write_params, command):
+    """evaluate said 'artifacts/models/nosuch is not a checkpoint', promote 'run dvc repro evaluate@nosuch'."""
+    params = write_params({})
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, *command, "--model", "nosuch", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "unknown model 'nosuch': params.yaml has no section for it; known models are")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
 def test_bad_params_file(monkeypatch, capsys, tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  epochz: 3\n")
