@@ -26,10 +26,10 @@ HEARTBEAT_SECONDS = 30  # prefect-fanout.yaml: PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 
 def check_within(within_seconds: int, api_url: str | None) -> None:
     """Refuse a window a live run could fall silent in, and a server that dies with this process."""
-    if within_seconds <= HEARTBEAT_SECONDS:
-        raise ConfigError(f"--within {within_seconds}: must exceed the workers' heartbeat interval "
-                          f"({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or live runs are marked Crashed; "
-                          "use 60 or more")
+    if within_seconds < 2 * HEARTBEAT_SECONDS:
+        raise ConfigError(f"--within {within_seconds}: must be at least two of the workers' heartbeat intervals "
+                          f"({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or a live run whose heartbeat is late once "
+                          f"is marked Crashed; use {2 * HEARTBEAT_SECONDS} or more")
     if not api_url:
         raise ConfigError("PREFECT_API_URL is not set: the automation would go to a temporary server that stops "
                           "with this command; set PREFECT_API_URL=http://HOST:4200/api (the server your workers "
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(argparse.ArgumentParser(description=__doc__,
                                                       formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--within", type=int, default=90,
-                        help=f"seconds without a heartbeat before a run is marked Crashed (> {HEARTBEAT_SECONDS})")
+                        help=f"seconds without a heartbeat before a run is marked Crashed (at least "
+                             f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals)")
     args = parser.parse_args(argv)
     automation = run_main(lambda: crash_silent_runs(args.within), args.verbose)
     print(f"automation {automation}: {NAME} (within {args.within} s)")

@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when dvc.yaml differs")
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
+    if not (args.root / "recsys" / "layout.py").is_file():
+        print(f"error: --root {args.root}: not a checkout of this project (no recsys/layout.py there)",
+              file=sys.stderr)
+        return 2
     target = args.root / "dvc.yaml"
     text = render(args.root)
     if args.check:

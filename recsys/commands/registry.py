@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Iterator, NoReturn
@@ -11,6 +13,7 @@ from typing import Annotated, Iterator, NoReturn
 import typer
 
 from recsys.config import DEFAULT_PARAMS, ConfigError, load_params
+from recsys.entry import verbose_requested
 from recsys.lineage import describe_init
 
 app = typer.Typer(help="Model registry: versions, the champion, promotion history, rollback.",
@@ -26,6 +29,9 @@ _VERSION = re.compile(r"[1-9][0-9]{0,18}")  # ASCII digits only: int() would als
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
+    """One `error:` line and exit `code`; `recsys --verbose` adds the traceback of the error being handled."""
+    if verbose_requested() and sys.exc_info()[1] is not None:
+        traceback.print_exc()
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
