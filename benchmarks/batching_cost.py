@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
 from benchmarks.bench_step import step_setup, train_steps  # noqa: E402
 from recsys.config import load_params  # noqa: E402
+from recsys.entry import run_entry
 from recsys.sequences import MICRO_BATCHES_CPU, SequenceData, micro_batches  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def epoch_cpu_seconds(data: SequenceData, params, batching: str, micro: int) -> 
     return time.process_time() - started, 1 - real / slots
 
 
-def main() -> int:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), default="ml-100k")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
@@ -66,8 +67,7 @@ def main() -> int:
     for (batching, micro), value in mean.items():
         print(f"{batching} × {micro}: {value:.2f} s per epoch, {value / base:.2f} × bucketed whole batches")
     print(f"load average {os.getloadavg()[0]:.2f} after")
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_entry(main)  # a missing dataset: one line, exit 1

@@ -26,10 +26,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fanout_support import WORKER_DEPLOYMENT, cluster, run_retrain  # noqa: E402
 from s3 import _start, _stop, S3Server  # noqa: E402
+
+from recsys.entry import positive_int
 
 MODELS = ["mostpop", "sasrec", "bert4rec", "mojito"]
 
@@ -58,8 +61,9 @@ def timed(repo: Path, env: dict, *args: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (OMP_NUM_THREADS)")
+    parser.add_argument("--epochs", type=positive_int, default=20)
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help="torch threads per process (OMP_NUM_THREADS)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fanout.json")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

@@ -21,10 +21,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from flow_support import drop_batch, make_repo  # noqa: E402
 from server_support import prefect_server  # noqa: E402
+
+from recsys.entry import positive_int
 
 
 def children_cpu_seconds() -> float:
@@ -51,7 +54,7 @@ def timed_pipeline(repo: Path, env: dict, timeout: int = 1800,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="timed nothing-new runs (default 3)")
+    parser.add_argument("--runs", type=positive_int, default=3, help="timed nothing-new runs (default 3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         tmp = Path(tmp)

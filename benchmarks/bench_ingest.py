@@ -36,11 +36,26 @@ sys.path.insert(0, str(ROOT))
 
 from recsys import ingest, store, validation  # noqa: E402
 from recsys.config import IngestConfig  # noqa: E402
+from recsys.entry import positive_int
 from recsys.ingest import keys  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
 N_USERS, N_ITEMS = 200_000, 50_000
 T_END = 1_700_000_000
+REPLAYS = 100  # stored events each timed batch replays (dropped as duplicates)
+
+
+def at_least_replays(text: str) -> int:
+    """argparse type of the store and batch sizes of `scaling`: each batch replays `REPLAYS` events of the
+    store's first part, so both hold at least that many rows."""
+    try:
+        value = positive_int(text)
+    except argparse.ArgumentTypeError:
+        value = 0
+    if value < REPLAYS:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least {REPLAYS} (each batch replays "
+                                         f"{REPLAYS} stored events), got {text!r}")
+    return value
 
 
 def generate(n: int, seed: int, t_start: int = T_END - 365 * 86400, t_end: int = T_END) -> pd.DataFrame:
@@ -100,7 +115,7 @@ def measure_store(rows: int, batch_rows: int, batches: int) -> dict:
         index_build_seconds = time.perf_counter() - start
         index_mb = (repo / ".ingest" / keys.INDEX_FILE).stat().st_size / 1e6
         first_part = store.list_parts(repo / "data")[0]
-        replays = next(pq.ParquetFile(first_part).iter_batches(batch_size=100)).to_pandas()
+        replays = next(pq.ParquetFile(first_part).iter_batches(batch_size=REPLAYS)).to_pandas()
         replays.to_parquet(repo.parent / "replays.parquet", index=False)  # read here, not in the ingest process
         setup_peak = peak_rss_mb()
         done = subprocess.run([sys.executable, __file__, "_batches", str(repo), str(batch_rows), str(batches)],
@@ -135,13 +150,13 @@ def timed_batches(repo: Path, batch_rows: int, batches: int) -> dict:
     per_batch = []
     for b in range(batches):
         frame = generate(batch_rows, seed=10_000 + b, t_start=T_END, t_end=T_END + 86400)
-        frame.iloc[:100] = replays.to_numpy()  # 1 % replays of stored events: dropped as duplicates
+        frame.iloc[:REPLAYS] = replays.to_numpy()  # 1 % replays of stored events: dropped as duplicates
         path = repo / "inbox" / f"batch-{b}.csv"
         frame.to_csv(path, index=False)
         start = time.perf_counter()
         [summary] = ingest.ingest_inbox(repo, config)
         per_batch.append(time.perf_counter() - start)
-        assert summary.status == "ingested" and summary.rows_duplicate >= 100, summary.message
+        assert summary.status == "ingested" and summary.rows_duplicate >= REPLAYS, summary.message
     rss_after_batches = peak_rss_mb()
     nothing_new = []
     for _ in range(3):
@@ -213,11 +228,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
     one = sub.add_parser("big")
-    one.add_argument("--rows", type=int, default=1_000_000)
+    one.add_argument("--rows", type=positive_int, default=1_000_000)
     many = sub.add_parser("scaling")
-    many.add_argument("--store-rows", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
-    many.add_argument("--batch-rows", type=int, default=10_000)
-    many.add_argument("--batches", type=int, default=3)
+    many.add_argument("--store-rows", type=at_least_replays, nargs="+",
+                      default=[100_000, 1_000_000, 10_000_000])
+    many.add_argument("--batch-rows", type=at_least_replays, default=10_000)
+    many.add_argument("--batches", type=positive_int, default=3)
     args = parser.parse_args()
     bin_dir = Path(sys.executable).parent
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -36,6 +36,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import torch
 import yaml
@@ -43,18 +44,40 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recsys.config import load_params  # noqa: E402
+from recsys.config import ConfigError, TrainConfig, build_dataclass, load_params  # noqa: E402
 from results_md import claimed, mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
+from recsys.model_configs import TRAINABLE
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
-from recsys.entry import positive_int, run_entry  # noqa: E402
+from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.train import train_model  # noqa: E402
 
 READERS = {"ml-1m-half": read_movielens_1m, "ml-100k": read_movielens_100k}
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
+DEVICES = get_args(get_type_hints(TrainConfig)["device"])  # what train.device takes: auto, cpu, cuda
+
+
+def zero_or(positive, zero_means: str):
+    """argparse type: 0 (`zero_means`) or a value `positive` takes (recsys.entry.positive_int or
+    positive_float); anything else is refused with `positive`'s reason."""
+    zero = positive("1") * 0  # 0 or 0.0
+
+    def parse(text: str):
+        try:
+            return positive(text)
+        except argparse.ArgumentTypeError as err:
+            try:
+                is_zero = text.isascii() and type(zero)(text) == 0
+            except ValueError:
+                is_zero = False
+            if is_zero:
+                return zero
+            raise argparse.ArgumentTypeError(f"{err} (or 0: {zero_means})") from None
+
+    return parse
 
 
 def machine() -> str:
@@ -93,27 +116,50 @@ def git_commit() -> str:
 
 def configs_for(run: str, params):
     """`model[:loss][@key=value,...]` → (model name, model config, train config). Keys of the model's config
-    or of the train section override params.yaml for this run only (ablations: `bert4rec@mask_prob=0.2`)."""
+    or of the train section override params.yaml for this run only (ablations: `bert4rec@mask_prob=0.2`).
+    The run's settings are checked as params.yaml's are (`recsys.config.build_dataclass`: known keys, types,
+    each config's own checks): a bad one is a `ConfigError` naming the run, before any data is read."""
     spec, _, overrides = run.partition("@")
     name, _, loss = spec.partition(":")
-    model_config = params.model_config(name)
+    try:
+        model_config = params.model_config(name)
+    except ConfigError as err:
+        raise ConfigError(f"run {run!r}: {err}") from None
     train_config = params.train_config(name)
+    model_raw = dataclasses.asdict(model_config)
+    train_raw = dataclasses.asdict(train_config)
     if loss:
-        model_config = dataclasses.replace(model_config, loss=loss)
-    model_keys = {f.name for f in dataclasses.fields(model_config)}
-    train_keys = {f.name for f in dataclasses.fields(train_config)}
+        model_raw["loss"] = loss  # a model without a loss setting is refused by its config below
     for item in filter(None, overrides.split(",")):
         key, sep, raw = item.partition("=")
         if not sep:
-            raise SystemExit(f"run {run!r}: override {item!r} is not key=value")
-        value = yaml.safe_load(raw)
-        if key in model_keys:
-            model_config = dataclasses.replace(model_config, **{key: value})
-        elif key in train_keys:
-            train_config = dataclasses.replace(train_config, **{key: value})
+            raise ConfigError(f"run {run!r}: override {item!r} is not key=value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"run {run!r}: {key}={raw!r} is not a YAML value") from None
+        if key in model_raw:
+            model_raw[key] = value
+        elif key in train_raw:
+            train_raw[key] = value
         else:
-            raise SystemExit(f"run {run!r}: {key!r} is neither a {name} nor a train setting")
+            raise ConfigError(f"run {run!r}: {key!r} is neither a {name} nor a train setting")
+    try:
+        model_config = build_dataclass(type(model_config), model_raw, name)
+        train_config = build_dataclass(TrainConfig, train_raw, f"{name}.train")
+    except ConfigError as err:
+        raise ConfigError(f"run {run!r}: {err}") from None
     return name, model_config, train_config
+
+
+def trainable_run(run: str, params):
+    """`configs_for` for the step benchmarks (bench_step, step_ops, batching_cost): a model that takes
+    optimiser steps (MostPop only counts, so it has no step to time)."""
+    configs = configs_for(run, params)
+    if not TRAINABLE[configs[0]]:
+        raise ConfigError(f"run {run!r}: {configs[0]} takes no training step (it only counts); name a model "
+                          f"that trains: {sorted(name for name, learns in TRAINABLE.items() if learns)}")
+    return configs
 
 
 def run_configs(run: str, params, max_minutes: float, device: str, seed_offset: int):
@@ -379,13 +425,15 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(READERS), required=True)
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--runs", nargs="+", default=["mostpop", "sasrec:ce"])
-    parser.add_argument("--max-minutes", type=float, default=0.0)
+    parser.add_argument("--max-minutes", type=zero_or(positive_float, "no limit"), default=0.0,
+                        help="cap on one run's training (0 = no limit)")
     parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per run: train.seed, train.seed + 1, ...")
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="start at train.seed + this (several processes sharing one run's seeds)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--threads", type=zero_or(positive_int, "torch's default"), default=0,
+                        help="torch threads (0 = torch's default)")
     parser.add_argument("--work-dir", default="",
                         help="keep work (and resume state) here; rerun the same command to resume after a kill")
     parser.add_argument("--shared-device", type=positive_int, default=1, metavar="N",
@@ -399,7 +447,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     params = load_params(args.params)
     offsets = range(args.seed_offset, args.seed_offset + args.seeds)
+    for run, offset in ((run, offset) for run in args.runs for offset in offsets):
+        seed = run_configs(run, params, args.max_minutes, args.device, offset)[2].seed
+        if seed < 0:
+            raise ConfigError(f"--seed-offset {args.seed_offset}: run {run!r} would train with seed {seed}; "
+                              "a seed is a whole number >= 0")
     check_mergeable(args.runs, offsets, args.dataset, params, args.max_minutes, args.device, Path(args.results))
+    resolve_device(args.device)  # `cuda` where torch sees none: refused here, not after preparing the data
     commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends
     started = time.perf_counter()
     prepared = prepare_dataset(args.dataset, args.data_root, params)

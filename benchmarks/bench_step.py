@@ -32,14 +32,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_models import READERS, configs_for, git_commit, machine, prepare_dataset  # noqa: E402
+from benchmarks.bench_models import (  # noqa: E402
+    DEVICES, READERS, configs_for, git_commit, machine, prepare_dataset, trainable_run, zero_or,
+)
 from recsys.config import load_params  # noqa: E402
 from recsys.models import build_model, losses  # noqa: E402
 from recsys.sequences import (  # noqa: E402
     SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
 )
 from recsys.device import resolve_device, retain_cpu_memory  # noqa: E402
-from recsys.entry import run_entry  # noqa: E402
+from recsys.entry import positive_int, run_entry  # noqa: E402
 from recsys.step_graph import EAGER_BEFORE_CAPTURE, FixedShapeStep  # noqa: E402
 from recsys.train import (  # noqa: E402
     fixed_shape_step, make_optimizer, optimiser_step, validate, validation_inputs,
@@ -195,12 +197,15 @@ def main() -> None:
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"],
                         help="model names or run strings (`sasrec@dim=128`, as bench_models.py --runs)")
-    parser.add_argument("--batches", type=int, default=12)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batches", type=positive_int, default=12)
+    parser.add_argument("--threads", type=zero_or(positive_int, "torch's default"), default=0,
+                        help="torch threads (0 = torch's default)")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--results", default=str(RESULTS), help="JSON file the rows are merged into")
-    parser.add_argument("--batch-size", type=int, default=0, help="0 = each model's own (params.yaml)")
-    parser.add_argument("--loss-chunk-elements", type=int, default=0,
+    parser.add_argument("--batch-size", type=zero_or(positive_int, "each model's own"), default=0,
+                        help="0 = each model's own (params.yaml)")
+    parser.add_argument("--loss-chunk-elements", type=zero_or(positive_int, "the device's default"),
+                        default=0,
                         help="logits per chunk of the full-softmax loss (recsys/models/losses.py); "
                              "0 = the device's default")
     parser.add_argument("--cuda-graph", action="store_true",
@@ -208,24 +213,18 @@ def main() -> None:
     parser.add_argument("--all-positions", action="store_true",
                         help="with --cuda-graph: the loss at every position, not at the epoch plan's bound "
                              "of the ones with a target (the step before session 20: a comparison)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--profile", type=zero_or(positive_int, "no profile"), default=0, metavar="N",
                         help="also profile N steps: where a step's time goes, by operator (0 = no profile)")
     args = parser.parse_args()
-    if args.batch_size < 0 or args.loss_chunk_elements < 0 or args.profile < 0:
-        parser.error("--batch-size, --loss-chunk-elements and --profile take 0 (the default) or a positive "
-                     "count")
+    params = load_params(ROOT / "params.yaml")
+    for run in args.models:  # a misspelt setting or a model with no training step stops here, before any data
+        trainable_run(run, params)
+    device = resolve_device(args.device)  # `cuda` where torch sees none: refused before the data is prepared
     losses._CHUNK_ELEMENTS = args.loss_chunk_elements or None  # None: the device's own size
     results = Path(args.results)
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = load_params(ROOT / "params.yaml")
-    for run in args.models:  # a misspelt setting stops here, before the data is prepared
-        try:
-            configs_for(run, params)
-        except SystemExit as err:
-            parser.error(str(err))
     data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
-    device = resolve_device(args.device)
     commit = git_commit()
     rows = []
     for run in args.models:

@@ -66,7 +66,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_models import (  # noqa: E402
-    READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between, work_area)
+    DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between,
+    work_area, zero_or)
 from results_md import claimed, mean_sd  # noqa: E402
 
 from recsys import schema  # noqa: E402
@@ -74,6 +75,7 @@ from recsys.checkpoint import read_meta  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_titles  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
+from recsys.entry import positive_float, positive_int, run_entry
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.train import train_model  # noqa: E402
@@ -102,6 +104,18 @@ def stream_batches(timestamps, batches: int, history_share: float) -> tuple[np.n
     # side="right": an event at an edge starts the later window; the last edge belongs to the last window.
     number = np.searchsorted(edges, ts, side="right")
     return np.minimum(number, batches).astype(np.int64), edges
+
+
+def history_share(text: str) -> float:
+    """argparse type of `--history-share`: a number strictly between 0 and 1."""
+    try:
+        value = positive_float(text)
+    except argparse.ArgumentTypeError:
+        value = 1.0
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number between 0 and 1 (the share of the time span that "
+                                         f"is history), got {text!r}")
+    return value
 
 
 def read_dataset(dataset: str, data_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
@@ -466,13 +480,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     parser.add_argument("--models", nargs="+", default=["sasrec", "bert4rec", "mojito"],
                         help="model[:loss][@key=value,...] as bench_models.py --runs")
-    parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--history-share", type=float, default=0.8)
+    parser.add_argument("--batches", type=positive_int, default=5)
+    parser.add_argument("--history-share", type=history_share, default=0.8)
     parser.add_argument("--warm-from", choices=["deployed", "warm"], default="deployed")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--seed", type=int, default=None, help="train seed (default: params.yaml's)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--max-minutes", type=float, default=0.0, help="cap per training run (0 = none)")
+    parser.add_argument("--threads", type=zero_or(positive_int, "torch's default"), default=0,
+                        help="torch threads (0 = torch's default)")
+    parser.add_argument("--seed", type=zero_or(positive_int, "a seed like any other"), default=None,
+                        help="train seed (default: params.yaml's)")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--max-minutes", type=zero_or(positive_float, "no cap"), default=0.0,
+                        help="cap per training run (0 = none)")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--work-dir", default="",
@@ -491,6 +508,7 @@ def main(argv: list[str] | None = None) -> dict:
     params = load_params(args.params)
     for run in args.models:
         configs_for(run, params)  # an unknown key stops here, not after hours of training
+    resolve_device(args.device)  # `cuda` where torch sees none: refused before the data is read
     out = Path(args.out)
     started = time.perf_counter()
     interactions, titles = read_dataset(args.dataset, args.data_root)
@@ -600,4 +618,4 @@ def _save(record: dict, out: Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main, log_format="%(asctime)s %(message)s")  # a bad setting or missing data: one line

@@ -24,9 +24,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
+from benchmarks.bench_models import READERS, prepare_dataset, trainable_run, zero_or  # noqa: E402
 from benchmarks.bench_step import step_setup  # noqa: E402
 from recsys.config import load_params  # noqa: E402
+from recsys.entry import positive_int, run_entry
 from recsys.models import losses  # noqa: E402
 from recsys.sequences import SequenceData, micro_batches  # noqa: E402
 from recsys.train import optimiser_step  # noqa: E402
@@ -76,15 +77,18 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", choices=sorted(READERS), default="ml-1m-half")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--model", default="sasrec")
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[0], help="0 = the model's own")
-    parser.add_argument("--loss-chunk-elements", type=int, nargs="+", default=[0],
-                        help="0 = the loss's default")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", default="sasrec", help="a model that trains, or a run string "
+                        "(`sasrec@dim=128`, as bench_models.py --runs)")
+    parser.add_argument("--batch-size", type=zero_or(positive_int, "the model's own"), nargs="+", default=[0],
+                        help="0 = the model's own")
+    parser.add_argument("--loss-chunk-elements", type=zero_or(positive_int, "the loss's default"), nargs="+",
+                        default=[0], help="0 = the loss's default")
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     params = load_params(ROOT / "params.yaml")
+    trainable_run(args.model, params)  # an unknown model or setting stops here, before the data is prepared
+    torch.set_num_threads(args.threads)
     data = SequenceData.from_prepared(prepare_dataset(args.dataset, args.data_root, params))
     for batch_size in args.batch_size:
         for chunk in args.loss_chunk_elements:
@@ -94,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry(main)  # a missing dataset or a bad setting: one line, exit 1

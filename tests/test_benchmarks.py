@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import curves  # noqa: E402
 from bench_models import configs_for  # noqa: E402
 
-from recsys.config import load_params  # noqa: E402
+from recsys.config import ConfigError, load_params  # noqa: E402
 from recsys.sequences import SequenceData  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
     params = load_params(ROOT / "params.yaml")
     runs = {run for run, _, _ in curves.ABLATION}
     for run, base, change in curves.ABLATION:
-        configs_for(run, params)  # raises SystemExit on an unknown key
+        configs_for(run, params)  # raises ConfigError on an unknown key
         assert base is None or base in runs, base
         assert change
 
@@ -249,7 +249,7 @@ def test_bench_step_takes_run_strings_and_profiles_where_a_step_goes(tmp_path, m
     assert any(op["op"] in ("aten::mm", "aten::addmm", "aten::bmm") for op in prof["top"])  # the products
     assert "profile sasrec@dim=32,n_heads=2:" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["bench_step.py", "--dataset", "ml-100k", "--models", "sasrec@wdith=3"])
-    with pytest.raises(SystemExit, match="2"):  # a misspelt setting: argparse's error, before anything runs
+    with pytest.raises(ConfigError, match="'wdith' is neither"):  # a misspelt setting, before anything runs
         bench_step.main()
 
 
@@ -531,3 +531,86 @@ def test_the_gpu_session_script_trains_todays_defaults():
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
         assert '"$MOJITO' in claims and '"$BERT4REC' in claims
         assert "mojito@" not in claims and "bert4rec@" not in claims  # no copy of a run string to go stale
+
+
+def test_zero_or_takes_zero_or_what_the_positive_type_takes():
+    """The benchmarks' options where 0 means 'none' or 'the default' (--threads, --max-minutes, ...)."""
+    import argparse
+
+    from bench_models import zero_or
+
+    from recsys.entry import positive_float, positive_int
+
+    whole, minutes = zero_or(positive_int, "the default"), zero_or(positive_float, "no limit")
+    assert (whole("0"), whole("3"), minutes("0"), minutes("0.0"), minutes("1.5")) == (0, 3, 0.0, 0.0, 1.5)
+    assert isinstance(minutes("0"), float) and isinstance(whole("0"), int)
+    for parse, bad in ((whole, "-1"), (whole, "0.0"), (whole, "٠"), (whole, "x"), (minutes, "-1"),
+                       (minutes, "nan"), (minutes, "inf"), (minutes, "")):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"\(or 0: "):
+            parse(bad)
+
+
+_NO_DATA = ["--dataset", "ml-100k", "--data-root", "{tmp}/no-data"]
+_MODELS = ["bench_models.py", *_NO_DATA, "--results", "{tmp}/rows.json", "--work-dir", "{tmp}/work"]
+_STEP = ["bench_step.py", *_NO_DATA, "--results", "{tmp}/step.json"]
+_STREAM = ["bench_stream.py", *_NO_DATA, "--out", "{tmp}/stream.json", "--work-dir", "{tmp}/work"]
+_STEP_OPS = ["step_ops.py", *_NO_DATA]
+_FANOUT = ["bench_fanout.py", "--out", "{tmp}/fanout.json"]
+_NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where torch sees no CUDA")
+_WHOLE = "expected a whole number of at least"
+# (command, what its one error line says). The data root does not exist: a command that got past its checks
+# would stop on it instead, with another line.
+_REFUSALS = [
+    (["batching_cost.py", "--data-root", "{tmp}/no-data"], "no-data/ml-100k is not a folder: --data-root"),
+    ([*_MODELS, "--runs", "sasrec@dim=abc"], "run 'sasrec@dim=abc': sasrec.dim: expected an integer, got"),
+    ([*_MODELS, "--runs", "sasrec@bogus=1"], "error: run 'sasrec@bogus=1': 'bogus' is neither a sasrec nor"),
+    ([*_MODELS, "--runs", "sasrec:nosuchloss"], "sasrec.loss: 'nosuchloss' is not one of ['ce', 'bce',"),
+    ([*_MODELS, "--runs", "sasrec@dim=31"], "error: run 'sasrec@dim=31': sasrec: dim=31 must be divisible"),
+    ([*_MODELS, "--runs", "sasrec@lr=true"], "sasrec.train.lr: expected a number, got True"),
+    ([*_MODELS, "--runs", "nosuch"], "error: run 'nosuch': unknown model 'nosuch'"),
+    ([*_MODELS, "--threads", "-1"], f"argument --threads: {_WHOLE} 1, got '-1' (or 0: torch's default)"),
+    ([*_MODELS, "--device", "nosuch"], "argument --device: invalid choice: 'nosuch'"),
+    pytest.param([*_MODELS, "--device", "cuda"], "error: train.device is 'cuda' but torch", marks=_NO_CUDA),
+    ([*_MODELS, "--max-minutes", "-1"], "argument --max-minutes: must be a number > 0, got '-1' (or 0: no"),
+    ([*_MODELS, "--seed-offset", "-100"], "error: --seed-offset -100: run 'mostpop' would train with seed -"),
+    ([*_STEP, "--batches", "0"], f"argument --batches: {_WHOLE} 1, got '0'"),
+    ([*_STEP, "--models", "sasrec@wdith=3"], "error: run 'sasrec@wdith=3': 'wdith' is neither"),
+    ([*_STEP, "--models", "mostpop"], "error: run 'mostpop': mostpop takes no training step"),
+    ([*_STEP, "--device", "nosuch"], "argument --device: invalid choice: 'nosuch'"),
+    ([*_STREAM, "--batches", "0"], f"argument --batches: {_WHOLE} 1, got '0'"),
+    ([*_STREAM, "--history-share", "1.5"], "argument --history-share: must be a number between 0 and 1"),
+    ([*_STREAM, "--history-share", "0"], "argument --history-share: must be a number between 0 and 1"),
+    ([*_STREAM, "--models", "nosuch"], "error: run 'nosuch': unknown model 'nosuch'"),
+    ([*_STREAM, "--seed", "-1"], f"argument --seed: {_WHOLE} 1, got '-1'"),
+    ([*_STEP_OPS, "--steps", "0"], f"argument --steps: {_WHOLE} 1, got '0'"),
+    ([*_STEP_OPS, "--model", "nosuch"], "error: run 'nosuch': unknown model 'nosuch'"),
+    ([*_STEP_OPS, "--batch-size", "-3"], f"argument --batch-size: {_WHOLE} 1, got '-3'"),
+    (["bench_flow.py", "--runs", "0"], f"argument --runs: {_WHOLE} 1, got '0'"),
+    (["bench_ingest.py", "big", "--rows", "-5"], f"argument --rows: {_WHOLE} 1, got '-5'"),
+    (["bench_ingest.py", "scaling", "--batches", "0"], f"argument --batches: {_WHOLE} 1, got '0'"),
+    (["bench_ingest.py", "scaling", "--batch-rows", "50"], f"argument --batch-rows: {_WHOLE} 100"),
+    ([*_FANOUT, "--epochs", "0"], f"argument --epochs: {_WHOLE} 1, got '0'"),
+    ([*_FANOUT, "--threads", "0"], f"argument --threads: {_WHOLE} 1, got '0'"),
+]
+
+
+@pytest.mark.parametrize(("command", "says"), _REFUSALS)
+def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(tmp_path, command, says):
+    """Each benchmark's input is checked before anything is prepared, started, trained or written: one
+    `error:` line naming the option or run and the value (argparse's, after its usage, for a bad option
+    value: exit 2; one of ours: exit 1), never a traceback."""
+    results = ROOT / "benchmarks" / "results"
+    before = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    script, *args = [part.format(tmp=tmp_path) for part in command]
+    got = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120, check=False)
+    lines = got.stderr.strip().splitlines()
+    errors = [line for line in lines if "error:" in line]
+    assert "Traceback" not in got.stderr, got.stderr
+    assert len(errors) == 1 and says in errors[0], got.stderr
+    if got.returncode == 2:  # argparse's refusal: its usage, then `prog: error: argument --option: ...`
+        assert errors[0] == lines[-1] and ": error: argument --" in errors[0], got.stderr
+    else:
+        assert got.returncode == 1 and lines == errors and errors[0].startswith("error: "), got.stderr
+    assert not any(tmp_path.iterdir())  # no results, work dir or data written
+    assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == before
