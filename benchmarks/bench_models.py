@@ -49,7 +49,7 @@ from results_md import claimed, mean_sd, replace_between  # noqa: E402,F401 (ben
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
-from recsys.model_configs import TRAINABLE
+from recsys.model_configs import TRAINABLE  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
