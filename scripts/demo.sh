@@ -2,6 +2,11 @@
 # The main job on the embedded default: generated data, local DVC remote, SQLite registry, Prefect's
 # ephemeral API, CPU. Sets everything up on a fresh clone, then runs the whole retraining loop.
 set -euo pipefail
+if [[ $# -gt 0 ]]; then  # it takes no arguments: `--help` must not start a half-hour job
+  echo "usage: bash scripts/demo.sh   (no arguments; DEMO_MODELS=\"sasrec\" trains a subset, TORCH_INDEX_URL picks" \
+       "the torch build; README, Quick start)" >&2
+  exit 2
+fi
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"
 

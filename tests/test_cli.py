@@ -306,3 +306,14 @@ def test_data_import_refuses_a_column_mapping_it_cannot_follow(monkeypatch, caps
     assert code == 1
     assert_one_line_error(err, f"--column {option!r}: use canonical=source", "user_id, item_id, timestamp")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_demo_script_takes_no_arguments(tmp_path):
+    """`bash scripts/demo.sh --help` ran the whole demo (setup, training every model)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(repo / "scripts" / "demo.sh"), "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("usage: bash scripts/demo.sh"), done.stderr
+    assert list(tmp_path.iterdir()) == []
