@@ -12,9 +12,10 @@ older dataset version than the one the history comes from. `answer` serves one r
 Who answers, and why, is part of every answer (`source`):
   `champion`            the champion scored the history;
   `baseline_champion`   no model has passed the gate yet, so the baseline (MostPop) is champion;
-  `popularity_fallback` the champion cannot score this request (a user it has never seen, or a history with
-                        no item it knows), or no champion is registered yet: the latest registered baseline
-                        answers, or, if none is registered, item popularity in the prepared dataset.
+  `popularity_fallback` the champion cannot score this request (a user it has never seen, or a history —
+                        given, or a user's events up to `--at` — with no item it knows), or no champion is
+                        registered yet: the latest registered baseline answers, or, if none is registered,
+                        item popularity in the prepared dataset (counted up to `--at`).
 Items already in the history are never shown. `describe_champion` is what the pipeline prints at the end.
 """
 
@@ -164,8 +165,10 @@ class Prepared:
         return ([raw_of.get(int(i), "") for i in history["item"].astype(int)],
                 [int(t) for t in history["timestamp"].astype("int64")])
 
-    def popularity(self) -> list[tuple[str, float]]:
-        counts = self.events["item"].astype(int).value_counts()
+    def popularity(self, at_time: int | None = None) -> list[tuple[str, float]]:
+        """Items by their number of events (up to `at_time` when given: no count from the future)."""
+        events = self.events if at_time is None else self.events[self.events["timestamp"] <= at_time]
+        counts = events["item"].astype(int).value_counts()
         raw_of = dict(zip(self.items["item"].astype(int), self.items["item_id"].astype(str)))
         return [(raw_of[int(i)], float(c)) for i, c in counts.items() if int(i) in raw_of]
 
@@ -278,8 +281,13 @@ def answer(
         if user is not None and user not in known_users:
             fallback_reason = (f"user {user!r} is unknown to champion v{champion.version} "
                                "(trained before they arrived)")
-        elif history is not None and not any(item in known_items for item in raw_items):
-            fallback_reason = f"none of the history's items is known to champion v{champion.version}"
+        elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input
+            until = f" up to {at}" if at else ""
+            fallback_reason = (
+                f"none of the history's items is known to champion v{champion.version}" if user is None else
+                f"user {user!r} has no events{until} for champion v{champion.version} to score" if not raw_items
+                else f"none of user {user!r}'s {len(raw_items)} events{until} is an item champion "
+                     f"v{champion.version} knows")
     if fallback_reason is None:
         ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
                                                      at_time, user)
@@ -333,7 +341,7 @@ def _popularity(
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
-    return [(raw, count) for raw, count in prepared.popularity() if raw not in seen][:k]
+    return [(raw, count) for raw, count in prepared.popularity(at_time) if raw not in seen][:k]
 
 
 def gate_metric(decision: dict[str, Any] | None, champion_version: int) -> float | None:
