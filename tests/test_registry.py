@@ -269,6 +269,19 @@ def test_rollback_walks_back_through_former_champions(registry, tmp_path):
     assert decisions == ["promoted", "promoted", "promoted", "rejected", "rollback", "rollback", "rollback"]
 
 
+def test_replaying_a_promotion_a_rollback_undid_says_it_is_not_the_champion(registry, tmp_path):
+    """Re-running the same promotion after a rollback replays the recorded decision: it moves nothing (the
+    rollback was a person's decision) and must not report the candidate as serving."""
+    assert _promote(registry, tmp_path, "v1", make_eval(0.0, seed=1)).promoted
+    second = make_eval(0.05, seed=2)
+    assert _promote(registry, tmp_path, "v2", second).promoted
+    registry.rollback()
+    again = registry.promote(tmp_path / "ckpts" / "v2", second, baseline_result=MOSTPOP, baseline_kind="mostpop")
+    assert again.replayed and again.decision == "promoted" and not again.promoted and again.version == 2
+    assert "since then v1 became the champion" in again.reason and "rollback --to 2" in again.reason
+    assert registry.champion_version() == 1 and [e.decision for e in registry.history()][-1] == "rollback"
+
+
 def test_rollback_without_champion(registry):
     with pytest.raises(RollbackError, match="no champion"):
         registry.rollback()

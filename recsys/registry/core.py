@@ -23,6 +23,7 @@ the alias move in db.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -263,6 +264,14 @@ class Registry(RegistryReads):
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         replay = self._recorded_decision(stored.sha256, fingerprint)
         if replay is not None:
+            champion_now = self.champion_version()
+            if replay.promoted and champion_now != replay.version:
+                # Promoted once, champion no longer (a rollback, or a later promotion): the replay moves
+                # nothing, so it must not say the candidate serves.
+                return dataclasses.replace(replay, promoted=False, reason=(
+                    f"{replay.reason}; since then v{champion_now} became the champion (a rollback or a later "
+                    f"promotion), and a replay changes nothing: `recsys registry rollback --to {replay.version}` "
+                    "serves it again"))
             return replay
         candidate = scores_of(eval_result, metric)
         load_statistics()  # before the locked section below, not inside it

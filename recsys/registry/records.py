@@ -33,8 +33,9 @@ class RollbackError(RegistryError):
 
 @dataclass(frozen=True)
 class PromotionDecision:
-    promoted: bool
-    decision: str  # "promoted" | "rejected"
+    promoted: bool  # the candidate is the champion after this decision (False for a replayed `promoted`
+    # decision whose version a rollback or a later promotion has replaced since)
+    decision: str  # "promoted" | "rejected": what the gate decided
     reason: str
     version: int
     artifact_sha256: str
