@@ -111,6 +111,8 @@ def test_numbers_widen_to_float_but_not_to_int():
     params = parse_params({"train": {"lr": 1, "max_minutes": 2}})
     assert params.train.lr == 1.0 and isinstance(params.train.lr, float)
     assert isinstance(params.train.max_minutes, float)
+    with pytest.raises(ConfigError, match=r"train\.epochs: expected an integer, got 3\.0"):
+        parse_params({"train": {"epochs": 3.0}})
 
 
 def test_per_model_train_override():

@@ -97,9 +97,13 @@ def test_evaluate_checkpoint_equals_evaluate_model(trained_sasrec, tiny_prepared
         assert via_checkpoint.eval_fingerprint == direct.eval_fingerprint
 
 
-def test_eval_fingerprint(tiny_prepared):
-    assert eval_fingerprint(tiny_prepared, "test") == eval_fingerprint(tiny_prepared, "test")
+def test_eval_fingerprint(tiny_prepared, tiny_prepared_dir, tiny_generated, tiny_prepare_config):
+    """The gate compares two models' scores only under the same fingerprint: it must follow the data, not
+    only the split's name, and survive a save/load round trip."""
+    assert eval_fingerprint(load(tiny_prepared_dir), "test") == eval_fingerprint(tiny_prepared, "test")
     assert eval_fingerprint(tiny_prepared, "test") != eval_fingerprint(tiny_prepared, "valid")
+    fewer = prepare(tiny_generated.interactions.iloc[:-20], tiny_prepare_config, tiny_generated.items)
+    assert eval_fingerprint(fewer, "test") != eval_fingerprint(tiny_prepared, "test")
 
 
 def test_sampled_metrics_are_a_labelled_extra(trained_sasrec, tiny_prepared_dir):
@@ -227,10 +231,21 @@ def test_the_automatic_scoring_batch_is_512_on_a_cpu_and_sized_by_the_score_tabl
         EvaluateConfig(batch_size=-1)
 
 
-def test_scores_do_not_depend_on_the_scoring_batch(trained_sasrec, tiny_prepared):
+def test_scores_do_not_depend_on_the_scoring_batch(trained_sasrec, tiny_prepared, monkeypatch):
+    import math
+
+    import recsys.ranking
     from recsys.checkpoint import load_model
 
     model = load_model(trained_sasrec[1])[0]
-    ranks = [evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(batch_size=b)).per_user["rank"]
-             for b in (0, 7)]
+    real, batches = recsys.ranking.eval_batch, []
+    monkeypatch.setattr(recsys.ranking, "eval_batch", lambda data, targets, *a: batches.append(len(targets))
+                        or real(data, targets, *a))
+    ranks, calls = [], {}
+    for size in (0, 7):
+        batches.clear()
+        ranks.append(evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(batch_size=size)).per_user["rank"])
+        calls[size] = list(batches)
+    n_valid = sum(calls[0])
+    assert len(calls[0]) == 1 and len(calls[7]) == math.ceil(n_valid / 7) > 1 and max(calls[7]) == 7  # it split
     assert ranks[0].tolist() == ranks[1].tolist()

@@ -110,6 +110,7 @@ def test_registry_command_errors_are_one_clear_line(tmp_path, params_path):
 def test_injection_strings_on_the_command_line_are_refused(params_path, args):
     result = invoke(registry_app, *args, "--params", str(params_path))
     assert result.exit_code == 2  # not an integer: rejected by the CLI before any SQL runs
+    assert not (params_path.parent / "registry").exists()  # the registry was not even opened
     with open_from(params_path) as reg:
         assert reg.list_versions() == []
 

@@ -729,15 +729,22 @@ def test_micro_batches_take_the_same_step_as_the_whole_batch(tiny_prepared, name
 
 
 def test_the_trainer_learns_the_same_with_and_without_micro_batches(tiny_prepared, tiny_sasrec_config,
-                                                                    fast_train_config, tmp_path):
+                                                                    fast_train_config, tmp_path, monkeypatch):
     """Through the whole trainer (batch plans, warm-up, epoch loss, validation): `micro_batches` 1 and 4 give
-    the same curve when nothing is drawn at random."""
+    the same curve when nothing is drawn at random — and 4 really splits the steps (a spy on the planner)."""
+    import recsys.train
+
     model_config = dataclasses.replace(tiny_sasrec_config, dropout=0.0)
     cfg = dataclasses.replace(fast_train_config, epochs=3, batching="random", warmup_steps=3)
-    curves = {}
+    curves, planned = {}, {}
+    real = recsys.train.micro_batches
     for parts in (1, 4):
+        seen = planned.setdefault(parts, [])
+        monkeypatch.setattr(recsys.train, "micro_batches",
+                            lambda lengths, n, terms, seen=seen: seen.append(n) or real(lengths, n, terms))
         run(tiny_prepared, model_config, dataclasses.replace(cfg, micro_batches=parts), tmp_path / str(parts))
         curves[parts] = read_curve(tmp_path / str(parts) / "curve.csv")
+    assert max(planned[1]) == 1 and max(planned[4]) == 4
     assert len(curves[1]) == len(curves[4]) == 3
     for a, b in zip(curves[1], curves[4]):
         assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4)

@@ -99,6 +99,10 @@ def test_a_crash_at_any_commit_step_leaves_work_that_recovery_clears(tmp_path, f
     assert needs_recovery(where) and has_work(where)
     ingest.recover(repo, CFG)
     assert not needs_recovery(where) and not has_work(where)
+    completed = fault in ("after_part_write", "after_manifest")  # the part was on disk: recorded, not undone
+    assert len(read_store(repo / "data")) == (60 if completed else 40)
+    assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == (
+        ["h.csv", "b.csv"] if completed else ["h.csv"])
 
 
 @pytest.mark.slow

@@ -306,6 +306,8 @@ def test_disk_full_during_the_part_write_changes_nothing(repo, monkeypatch):
         ingest_one(repo, path)
     assert snapshot(repo) == before
     assert list((repo / "data" / "interactions").glob(".tmp-*")) == []
+    scratch = repo / ".ingest" / "tmp"  # where ingest writes its temp files (not data/interactions)
+    assert not scratch.exists() or list(scratch.iterdir()) == []
     assert list((repo / ".ingest" / "pending").iterdir()) == []
     monkeypatch.undo()
     assert ingest_one(repo, path).status == "ingested"  # a retry after freeing space works
