@@ -50,7 +50,14 @@ def stage_error(args: tuple[str, ...], output: str) -> DvcError:
         return StageError(f"{stage}: {stage_lines[-1]}")
     if failed:
         return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
-    return DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
+    error = DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
+    # DVC's configuration is wrong (no remote, a missing one, not a DVC repository): running it again fails the
+    # same way, so it is not retried; anything else (a lock, an unreachable remote) may pass.
+    error.transient = not any(sign in output for sign in DETERMINISTIC_DVC_ERRORS)
+    return error
+
+
+DETERMINISTIC_DVC_ERRORS = ("config file error", "not inside of a DVC repository")
 
 
 def subprocess_env() -> dict[str, str]:

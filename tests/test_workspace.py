@@ -58,6 +58,17 @@ def test_other_dvc_failures_are_transient(dvc_repo):
 
 
 @dvc_slow
+def test_a_dvc_configuration_error_is_not_transient(dvc_repo, tmp_path):
+    """No such remote, or not a DVC repository: the same command fails the same way, so no retry."""
+    with pytest.raises(DvcError) as caught:
+        run_dvc(dvc_repo, "push", "-r", "nosuch")
+    assert "remote 'nosuch' doesn't exist" in str(caught.value) and caught.value.transient is False
+    with pytest.raises(DvcError) as outside:
+        run_dvc(tmp_path, "status")
+    assert "not inside of a DVC repository" in str(outside.value) and outside.value.transient is False
+
+
+@dvc_slow
 def test_bootstrap_generates_and_versions_the_seed_then_finds_it_present(dvc_repo, write_params):
     write_params(path=dvc_repo / "params.yaml")
     assert not store_has_data(dvc_repo)
