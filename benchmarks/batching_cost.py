@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, prepare_dataset  # noqa: E402
 from benchmarks.bench_step import step_setup, train_steps  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.entry import run_entry
+from recsys.entry import run_entry  # noqa: E402
 from recsys.sequences import MICRO_BATCHES_CPU, SequenceData, micro_batches  # noqa: E402
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fanout_support import WORKER_DEPLOYMENT, cluster, run_retrain  # noqa: E402
 from s3 import _start, _stop, S3Server  # noqa: E402
 
-from recsys.entry import positive_int
+from recsys.entry import positive_int  # noqa: E402
 
 MODELS = ["mostpop", "sasrec", "bert4rec", "mojito"]
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from flow_support import drop_batch, make_repo  # noqa: E402
 from server_support import prefect_server  # noqa: E402
 
-from recsys.entry import positive_int
+from recsys.entry import positive_int  # noqa: E402
 
 
 def children_cpu_seconds() -> float:

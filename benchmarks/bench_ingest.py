@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from recsys import ingest, store, validation  # noqa: E402
 from recsys.config import IngestConfig  # noqa: E402
-from recsys.entry import positive_int
+from recsys.entry import positive_int  # noqa: E402
 from recsys.ingest import keys  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"

@@ -153,7 +153,7 @@ def configs_for(run: str, params):
 
 
 def trainable_run(run: str, params):
-    """`configs_for` for the step benchmarks (bench_step, step_ops, batching_cost): a model that takes
+    """`configs_for` for the step benchmarks (bench_step, step_ops): a model that takes
     optimiser steps (MostPop only counts, so it has no step to time)."""
     configs = configs_for(run, params)
     if not TRAINABLE[configs[0]]:
@@ -450,8 +450,8 @@ def main() -> None:
     for run, offset in ((run, offset) for run in args.runs for offset in offsets):
         seed = run_configs(run, params, args.max_minutes, args.device, offset)[2].seed
         if seed < 0:
-            raise ConfigError(f"--seed-offset {args.seed_offset}: run {run!r} would train with seed {seed}; "
-                              "a seed is a whole number >= 0")
+            raise ConfigError(f"run {run!r} with --seed-offset {offset} would train with seed {seed} "
+                              "(its seed setting plus the offset); a seed is a whole number >= 0")
     check_mergeable(args.runs, offsets, args.dataset, params, args.max_minutes, args.device, Path(args.results))
     resolve_device(args.device)  # `cuda` where torch sees none: refused here, not after preparing the data
     commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends

@@ -75,7 +75,7 @@ from recsys.checkpoint import read_meta  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_titles  # noqa: E402
 from recsys.device import resolve_device  # noqa: E402
-from recsys.entry import positive_float, positive_int, run_entry
+from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.train import train_model  # noqa: E402

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_models import READERS, prepare_dataset, trainable_run, zero_or  # noqa: E402
 from benchmarks.bench_step import step_setup  # noqa: E402
 from recsys.config import load_params  # noqa: E402
-from recsys.entry import positive_int, run_entry
+from recsys.entry import positive_int, run_entry  # noqa: E402
 from recsys.models import losses  # noqa: E402
 from recsys.sequences import SequenceData, micro_batches  # noqa: E402
 from recsys.train import optimiser_step  # noqa: E402

@@ -76,12 +76,14 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
 
     logger = get_run_logger()
     attempts = {o.model: 1 for o in orders}
-    running = {o.model: submit(deployment, o, 1).id for o in orders}
+    running: dict[str, Any] = {}
     by_model = {o.model: o for o in orders}
     done: list[str] = []
-    idle_since = time.monotonic()
-    logger.info("fan-out: %d run(s) of %s scheduled: %s", len(orders), deployment, ", ".join(running))
     try:
+        for order in orders:  # inside the try: an interrupt mid-way cancels the runs already handed out
+            running[order.model] = submit(deployment, order, 1).id
+        idle_since = time.monotonic()
+        logger.info("fan-out: %d run(s) of %s scheduled: %s", len(orders), deployment, ", ".join(running))
         while running:
             time.sleep(poll)
             with get_client(sync_client=True) as client:
@@ -92,9 +94,10 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
                 cancel_unfinished(running, "fan-out gave up: no worker took it")
                 pool = _pool_of(deployment)
                 raise fanout.FanOutError(
-                    f"fan-out: no worker of pool {pool} took any of {deployment}'s runs for {idle_minutes:g} min "
-                    f"({', '.join(running)} waiting; cancelled): start one (`prefect worker start --pool {pool} "
-                    "--limit 1`) or raise fan_out_idle_minutes (--fan-out-idle-minutes)")
+                    f"fan-out: no worker of pool {pool} took any of {deployment}'s runs for "
+                    f"{idle_minutes:g} min ({', '.join(running)} waiting; cancelled): start one "
+                    f"(`prefect worker start --pool {pool} --limit 1`) or raise fan_out_idle_minutes "
+                    "(--fan-out-idle-minutes)")
             for model, state in states.items():
                 if state is None or not state.is_final():
                     continue
@@ -104,8 +107,8 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
                 elif state.is_crashed():
                     if attempts[model] > resubmits:
                         raise fanout.WorkerLostError(
-                            f"fan-out: {model}'s run crashed {attempts[model]} times (last: {state.message}); "
-                            f"check the workers of {deployment}'s pool")
+                            f"fan-out: {model}'s run crashed {attempts[model]} times "
+                            f"(last: {state.message}); check the workers of {deployment}'s pool")
                     attempts[model] += 1
                     logger.warning("fan-out: %s's run crashed (%s); handing it out again (attempt %d)", model,
                                    state.message, attempts[model])
@@ -140,10 +143,12 @@ def cancel_unfinished(running: dict[str, Any], why: str) -> list[str]:
                 if state is not None and state.is_final():
                     continue
                 started = state is not None and state.type.name in STARTED
-                client.set_flow_run_state(run_id, Cancelling(message=why) if started else Cancelled(message=why))
+                client.set_flow_run_state(run_id,
+                                          Cancelling(message=why) if started else Cancelled(message=why))
                 stopped.append(model)
     except Exception as err:  # noqa: BLE001 - the error that stopped the fan-out is the one to report
-        get_run_logger().warning("fan-out: could not cancel the runs still out (%s): %s", ", ".join(running), err)
+        get_run_logger().warning("fan-out: could not cancel the runs still out (%s): %s",
+                                 ", ".join(running), err)
     return stopped
 
 

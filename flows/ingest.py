@@ -38,8 +38,8 @@ def bootstrap(repo_root: str) -> str:
 
 def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
     """params.yaml's ingest section, with `inbox` (relative to the repository, or absolute) in place of
-    ingest.inbox when given. A given inbox must be an existing folder: a typo would otherwise be an empty inbox
-    and a run that says "nothing to ingest"."""
+    ingest.inbox when given. A given inbox must be an existing folder: a typo would otherwise be an
+    empty inbox and a run that says "nothing to ingest"."""
     config = load_params(Layout(Path(repo_root)).params).ingest
     if inbox is None:
         return config

@@ -48,7 +48,8 @@ def pipeline(
         fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
         fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
-    check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)  # before ingest: retrain would refuse them
+    # before ingest: retrain would refuse them
+    check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
     if has_batches_or_unfinished_work(repo_root, inbox):
         ingested = ingest(inbox=inbox, repo_root=repo_root)
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)

@@ -31,7 +31,7 @@ from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
-                               read_results, restore_left_override, select_models,
+                               read_results, restore_left_override, select_models, check_models_given,
                                training_progress)
 from recsys.faults import fault_point
 from recsys.entry import positive_float, positive_int
@@ -128,8 +128,7 @@ def check_run_parameters(epochs: int | None, fan_out: str | None, fan_out_idle_m
                          models: list[str] | None = None) -> None:
     """A UI or API run's parameters are not argparse-checked: refuse impossible ones before anything runs."""
     check_epochs(epochs)
-    if models is not None and not list(models):
-        raise ConfigError("models is an empty list: leave it unset to train all in params.yaml, or name some")
+    check_models_given(models)
     if fan_out is not None:
         check_deployment_name(fan_out)
     if fan_out and not fan_out_idle_minutes > 0:
@@ -192,7 +191,9 @@ def retrain(
     else:
         fault_point("before_promote")
         decision = promote_candidate(str(root), candidate)
-        logger.info("gate: %s %s — %s", candidate, decision["decision"], decision["reason"])
+        verdict = (decision["decision"] if decision["promoted"] or decision["decision"] != "promoted"
+                   else "not champion")
+        logger.info("gate: %s %s — %s", candidate, verdict, decision["reason"])
     if ran or (decision is not None and not decision["replayed"]):
         publish_retrain(results, decision, {m: read_curve(paths.curve(m)) for m in selected}, ran)
     elif decision is not None:  # nothing changed: the last change's table and curves still hold

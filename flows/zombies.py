@@ -27,9 +27,9 @@ HEARTBEAT_SECONDS = 30  # prefect-fanout.yaml: PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 def check_within(within_seconds: int, api_url: str | None) -> None:
     """Refuse a window a live run could fall silent in, and a server that dies with this process."""
     if within_seconds < 2 * HEARTBEAT_SECONDS:
-        raise ConfigError(f"--within {within_seconds}: must be at least two of the workers' heartbeat intervals "
-                          f"({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or a live run whose heartbeat is late once "
-                          f"is marked Crashed; use {2 * HEARTBEAT_SECONDS} or more")
+        raise ConfigError(f"--within {within_seconds}: must be at least two of the workers' heartbeat "
+                          f"intervals ({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or a live run whose "
+                          f"heartbeat is late once is marked Crashed; use {2 * HEARTBEAT_SECONDS} or more")
     if not api_url:
         raise ConfigError("PREFECT_API_URL is not set: the automation would go to a temporary server that stops "
                           "with this command; set PREFECT_API_URL=http://HOST:4200/api (the server your workers "

@@ -69,11 +69,13 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
         from recsys.ingest.report import iso
 
         write_store(generate(load_params(params_path or paths.params).generate), paths.data)
-        # Ingest's push marker, until the push succeeds: if it fails, this run fails (DvcError, one line at the
-        # entry point) and the next ingest run, which sees the marker, pushes the seed before anything else.
+        # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
+        # (DvcError, one line at the entry point) and the next ingest run, which sees the marker, pushes the
+        # seed first.
+        run_dvc(root, "add", paths.data.name, "--quiet")
+        # after the add: a marker without data.dvc has nothing to push
         where = ingest_paths(root, IngestConfig())
         write_json_atomic(where.push_marker, {"since": iso(time.time()), "by": "bootstrap"}, where.scratch)
-        run_dvc(root, "add", paths.data.name, "--quiet")
         run_dvc(root, "push", paths.data_dvc.name, "--quiet")
         where.push_marker.unlink()
     return "generated the default dataset into data/ and versioned it with DVC"

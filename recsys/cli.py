@@ -86,9 +86,9 @@ def data_download(
 def column_mapping(columns: list[str]) -> dict[str, str]:
     """`--column canonical=source` options as a mapping; each must name a canonical column, once."""
     from recsys.data import DataError
-    from recsys.schema import OPTIONAL_COLUMNS, REQUIRED_COLUMNS
+    from recsys.schema import CANONICAL_COLUMNS as known
 
-    known, mapping = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS), {}
+    mapping: dict[str, str] = {}
     for option in columns:
         canonical, _, source = option.partition("=")
         if canonical not in known or not source or canonical in mapping:

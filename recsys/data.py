@@ -261,8 +261,8 @@ def check_no_batches(store: str | Path) -> None:
     batches = sorted(p.name for p in interactions.glob("part-*.parquet") if p.name != SEED_PART)
     if batches:
         raise DataError(f"{store} already holds {len(batches)} ingested batch(es) ({', '.join(batches[:3])}"
-                        f"{'…' if len(batches) > 3 else ''}); a new seed under them would mix two datasets. Use an "
-                        "empty store (--out elsewhere) or remove them.")
+                        f"{'…' if len(batches) > 3 else ''}); a new seed under them would mix two datasets. "
+                        "Use an empty store (--out elsewhere) or remove them.")
 
 
 def write_store(generated: Generated, store: str | Path) -> Path:
@@ -291,8 +291,8 @@ def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
     last = max(0, (BATCH_HORIZON - start).days // config.days - 1)
     if not 1 <= index <= last:
         raise DataError(f"batch index must be between 1 and {last:,} (each batch covers the generate.days = "
-                        f"{config.days} days after the previous one, from generate.start {config.start}), got "
-                        f"{index:,}")
+                        f"{config.days} days after the previous one, from generate.start {config.start}), "
+                        f"got {index:,}")
     later = dataclasses.replace(
         config,
         seed=config.seed + 1000 * index,

@@ -98,8 +98,8 @@ def check_deployment_name(deployment: str) -> None:
     traceback, and an empty value would silently mean "no fan-out")."""
     parts = deployment.split("/")
     if len(parts) != 2 or not all(part.strip() for part in parts):
-        raise ConfigError(f"fan_out must name a deployment as <flow>/<deployment>, e.g. train-model/worker (the "
-                          f"`prefect deployment ls` names), got {deployment!r}")
+        raise ConfigError(f"fan_out must name a deployment as <flow>/<deployment>, e.g. train-model/worker "
+                          f"(the `prefect deployment ls` names), got {deployment!r}")
 
 
 def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path | None = None) -> None:

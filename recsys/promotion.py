@@ -130,11 +130,14 @@ def promote_candidate(
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
         if baseline_result is not None and baseline_lineage is not None:
             registry.check_registration(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
-            installed = registry.install_baseline(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
+            before = registry.champion_version()
+            installed = registry.install_baseline(baseline_dir, baseline_result,
+                                                  **baseline_lineage.as_kwargs())
             if model == baseline and installed is not None:
                 # Promoting the baseline itself while no model has passed the gate: installing it is the whole
                 # answer (gating it against itself recorded a second, `rejected`, event for the same version).
-                return _baseline_installed(registry.get_version(installed), candidate, registry.gate.metric)
+                return _baseline_installed(registry.get_version(installed), candidate, registry.gate.metric,
+                                           replayed=before == installed)
         return registry.promote(
             candidate_dir, candidate, **lineage.as_kwargs(),
             baseline_result=baseline_result, baseline_kind=baseline,
@@ -142,14 +145,16 @@ def promote_candidate(
         )
 
 
-def _baseline_installed(version: Any, evaluation: StoredEval, metric: str) -> PromotionDecision:
+def _baseline_installed(
+    version: Any, evaluation: StoredEval, metric: str, replayed: bool
+) -> PromotionDecision:
     """The decision `promote_candidate` reports for the baseline model when it is (now) the champion."""
     return PromotionDecision(
         promoted=True, decision="promoted",
-        reason=f"v{version.version} ({version.architecture}) is the baseline champion: it serves until a model "
-               "passes the gate (a baseline is installed, not gated against itself)",
+        reason=f"v{version.version} ({version.architecture}) is the baseline champion: it serves until a "
+               "model passes the gate (a baseline is installed, not gated against itself)",
         version=version.version, artifact_sha256=version.artifact_sha256,
         eval_fingerprint=evaluation.eval_fingerprint, metric=metric,
         candidate_metric=evaluation.metrics.get(metric), baseline_metric=None, baseline_version=None,
-        baseline_kind=None, delta=None, p_value=None,
+        baseline_kind=None, delta=None, p_value=None, replayed=replayed,
     )

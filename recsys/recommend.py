@@ -285,7 +285,8 @@ def answer(
             until = f" up to {at}" if at else ""
             fallback_reason = (
                 f"none of the history's items is known to champion v{champion.version}" if user is None else
-                f"user {user!r} has no events{until} for champion v{champion.version} to score" if not raw_items
+                f"user {user!r} has no events{until} for champion v{champion.version} to score"
+                if not raw_items
                 else f"none of user {user!r}'s {len(raw_items)} events{until} is an item champion "
                      f"v{champion.version} knows")
     if fallback_reason is None:

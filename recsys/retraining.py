@@ -25,12 +25,16 @@ BASELINE = "mostpop"
 SELECTION_METRIC = "ndcg@10"
 
 
-def listed_models(params: Params, models: Sequence[str] | None) -> list[str]:
-    """`models` (None: all in params.yaml), each a valid name listed in params.yaml `models`. An empty list is
-    refused, not read as "all": a UI form left empty must not start every model's training."""
+def check_models_given(models: Sequence[str] | None) -> None:
+    """An empty list of models is refused, not read as "all": a UI form left empty must not start every
+    model's training (None is "all in params.yaml")."""
     if models is not None and not list(models):
-        raise ConfigError(f"models is an empty list: leave it unset for all in params.yaml "
-                          f"{list(params.models)}, or name some")
+        raise ConfigError("models is an empty list: leave it unset for all in params.yaml, or name some")
+
+
+def listed_models(params: Params, models: Sequence[str] | None) -> list[str]:
+    """`models` (None: all in params.yaml), each a valid name listed in params.yaml `models`."""
+    check_models_given(models)
     selected = [validate_name(m, "model name") for m in (list(params.models) if models is None else models)]
     unknown = [m for m in selected if m not in params.models]
     if unknown:
@@ -123,8 +127,8 @@ class epochs_override:
         for m in self.models:
             if isinstance(data.get(m), dict) and isinstance(data[m].get("train"), dict):
                 data[m]["train"]["epochs"] = self.epochs
-        # The backup is whole before params.yaml changes, and each file is replaced in one step, so a kill or a
-        # full disk at any point leaves params.yaml either as it was or restorable from a whole backup.
+        # The backup is whole before params.yaml changes, and each file is replaced in one step, so a kill or
+        # a full disk at any point leaves params.yaml either as it was or restorable from a whole backup.
         scratch = Layout(self.path.parent).scratch
         self.backup.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.backup, original, scratch)

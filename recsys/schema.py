@@ -17,6 +17,7 @@ EVENT = "event"
 
 REQUIRED_COLUMNS = (USER, ITEM, TIMESTAMP)
 OPTIONAL_COLUMNS = (RATING, EVENT)
+CANONICAL_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)  # every column a store part may hold
 
 # Raw ids are strings so that any source (numeric MovieLens ids, UUIDs, SKUs) maps losslessly; `prepare`
 # remaps them to dense integers with 0 reserved for padding.

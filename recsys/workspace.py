@@ -51,8 +51,8 @@ def stage_error(args: tuple[str, ...], output: str) -> DvcError:
     if failed:
         return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
     error = DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
-    # DVC's configuration is wrong (no remote, a missing one, not a DVC repository): running it again fails the
-    # same way, so it is not retried; anything else (a lock, an unreachable remote) may pass.
+    # DVC's configuration is wrong (no remote, a missing one, not a DVC repository): running it again fails
+    # the same way, so it is not retried; anything else (a lock, an unreachable remote) may pass.
     error.transient = not any(sign in output for sign in DETERMINISTIC_DVC_ERRORS)
     return error
 

@@ -41,7 +41,8 @@ def test_invalid_model_name(monkeypatch, capsys, command, name):
 
 @pytest.mark.parametrize("command", [("train",), ("evaluate",), ("registry", "promote")])
 def test_an_unknown_model_is_named_with_the_known_ones(monkeypatch, capsys, tmp_path, write_params, command):
-    """evaluate said 'artifacts/models/nosuch is not a checkpoint', promote 'run dvc repro evaluate@nosuch'."""
+    """evaluate said 'artifacts/models/nosuch is not a checkpoint',
+    promote 'run dvc repro evaluate@nosuch'."""
     params = write_params({})
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(monkeypatch, capsys, *command, "--model", "nosuch", "--params", str(params))
@@ -152,7 +153,8 @@ def test_console_script_refuses_injection(repo_root, tmp_path):
         "error: invalid model name 'x;drop': use lowercase letters, digits and _ (max 64)"]
 
 
-def test_data_import_and_generate_refuse_to_mix_a_dataset_with_ingested_batches(monkeypatch, capsys, tmp_path, tiny_store):
+def test_data_import_and_generate_refuse_to_mix_a_dataset_with_ingested_batches(
+        monkeypatch, capsys, tmp_path, tiny_store):
     ratings = tmp_path / "ml" / "u.data"
     ratings.parent.mkdir()
     ratings.write_text("".join(f"{u}\t{i}\t4\t{880000000 + u * 10 + i}\n" for u in range(1, 4) for i in range(1, 4)))
@@ -274,7 +276,8 @@ def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whol
     assert any(paragraph in line for line in lines), out
 
 
-@pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"), ("99999999999", "got 99,999,999,999")])
+@pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"),
+                                          ("99999999999", "got 99,999,999,999")])
 def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_nothing(
         monkeypatch, capsys, tmp_path, write_params, index, shown):
     params = write_params({"generate": {"start": "2024-01-01T00:00:00Z", "days": 180}})
@@ -313,7 +316,7 @@ def test_the_demo_script_takes_no_arguments(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    done = subprocess.run(["bash", str(repo / "scripts" / "demo.sh"), "--help"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run(["bash", str(repo / "scripts" / "demo.sh"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: bash scripts/demo.sh"), done.stderr
     assert list(tmp_path.iterdir()) == []

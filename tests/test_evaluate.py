@@ -244,8 +244,10 @@ def test_scores_do_not_depend_on_the_scoring_batch(trained_sasrec, tiny_prepared
     ranks, calls = [], {}
     for size in (0, 7):
         batches.clear()
-        ranks.append(evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(batch_size=size)).per_user["rank"])
+        ranks.append(evaluate_model(model, tiny_prepared, "valid",
+                                    EvaluateConfig(batch_size=size)).per_user["rank"])
         calls[size] = list(batches)
     n_valid = sum(calls[0])
-    assert len(calls[0]) == 1 and len(calls[7]) == math.ceil(n_valid / 7) > 1 and max(calls[7]) == 7  # it split
+    # it split
+    assert len(calls[0]) == 1 and len(calls[7]) == math.ceil(n_valid / 7) > 1 and max(calls[7]) == 7
     assert ranks[0].tolist() == ranks[1].tolist()

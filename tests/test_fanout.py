@@ -247,8 +247,8 @@ def test_a_failed_model_cancels_the_runs_still_out_and_says_which(fake_runs):
         wait_for(orders("sasrec", "mostpop", "bert4rec", "mojito"), "train-model/worker", poll=0)
     assert "sasrec failed on a worker" in str(err.value)
     assert "(cancelled the other runs still out: mostpop, bert4rec)" in str(err.value)
-    final = {model: fake.states[run_id][0] for model, run_id in zip(("sasrec", "mostpop", "bert4rec", "mojito"),
-                                                                   fake.states)}
+    final = {model: fake.states[run_id][0]
+             for model, run_id in zip(("sasrec", "mostpop", "bert4rec", "mojito"), fake.states)}
     assert final["mostpop"].is_cancelled() and final["bert4rec"].type.name == "CANCELLING"
     assert final["sasrec"].is_failed() and final["mojito"].is_completed() and len(fake.cancelled) == 2
 
@@ -260,8 +260,8 @@ def test_runs_that_keep_crashing_or_an_interrupted_coordinator_leave_nothing_run
     from flows.fanout import wait_for
 
     fake = fake_runs({"sasrec": [Crashed(message="lost")] * 2, "mostpop": [Running()]})
-    with pytest.raises(fanout.WorkerLostError, match=r"crashed 2 times.*\(cancelled the other runs still out: "
-                                                     r"mostpop\)"):
+    with pytest.raises(fanout.WorkerLostError,
+                       match=r"crashed 2 times.*\(cancelled the other runs still out: mostpop\)"):
         wait_for(orders("sasrec", "mostpop"), "train-model/worker", resubmits=1, poll=0)
     assert len(fake.cancelled) == 1
 
@@ -357,7 +357,8 @@ def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path
     with pytest.raises(ConfigError, match="models is an empty list: leave it unset"):
         flow.fn(repo_root=missing, models=[])
     for bad in ("", "bad", "train-model/", "a/b/c"):
-        with pytest.raises(ConfigError, match=rf"fan_out must name a deployment as <flow>/<deployment>.*{bad!r}"):
+        with pytest.raises(ConfigError,
+                           match=rf"fan_out must name a deployment as <flow>/<deployment>.*{bad!r}"):
             flow.fn(repo_root=missing, fan_out=bad)
     assert not (tmp_path / "no-repo").exists()
 
@@ -368,4 +369,7 @@ def test_models_without_names_is_a_usage_error(module, capsys):
 
     with pytest.raises(SystemExit) as done:
         importlib.import_module(module).main(["--models"])
-    assert done.value.code == 2 and "argument --models: expected at least one argument" in capsys.readouterr().err
+    assert (
+        done.value.code == 2
+        and "argument --models: expected at least one argument" in capsys.readouterr().err
+    )

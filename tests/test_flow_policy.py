@@ -36,8 +36,10 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     (DvcError("Unable to acquire lock"), True),
     (IngestError("ingest.max_batch_rows must be a whole number"), False),
     (PushFailed("the DVC remote does not have data version abc yet", IngestRun()), True),
+    (PushFailed("… no remote specified …", IngestRun(), transient=False), False),
     (DvcAddFailed("`dvc add data` failed: ERROR: Unable to acquire lock", transient=True), True),
-    (DvcAddFailed("`dvc add data` failed: ERROR: output 'data' is already specified", transient=False), False),
+    (DvcAddFailed("`dvc add data` failed: ERROR: output 'data' is already specified",
+                  transient=False), False),
     (OSError("disk hiccup"), True),
     (RuntimeError("a bug, maybe a flaky one"), True),
 ])
@@ -69,7 +71,8 @@ def test_console_keeps_the_line_but_drops_the_traceback_of_a_user_error_only():
     ("no-such-folder", "inbox no-such-folder is not a folder"),
     ("params.yaml", "inbox params.yaml is not a folder"),
 ])
-def test_a_given_inbox_must_be_a_folder_and_is_checked_before_anything_runs(flow_name, inbox, message, tmp_path):
+def test_a_given_inbox_must_be_a_folder_and_is_checked_before_anything_runs(
+        flow_name, inbox, message, tmp_path):
     """A typo in --inbox (or the UI's field) was an empty inbox: "nothing to ingest", exit 0."""
     import importlib
 

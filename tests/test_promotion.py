@@ -123,9 +123,13 @@ def test_promoting_the_baseline_first_installs_it_once_and_later_gates_it(worksp
     first = runner.invoke(registry_app, ["promote", "--model", "mostpop", "--params",
                                          str(workspace / "params.yaml")])
     assert first.exit_code == 0, first.output
-    assert first.output.startswith("PROMOTED v1 (mostpop): v1 (mostpop) is the baseline champion"), first.output
+    assert first.output.startswith(
+        "PROMOTED v1 (mostpop): v1 (mostpop) is the baseline champion"), first.output
     with open_from(workspace / "params.yaml") as reg:
         assert reg.champion_version() == 1 and [e.decision for e in reg.history()] == ["promoted"]
+    again_first = runner.invoke(registry_app, ["promote", "--model", "mostpop", "--params",
+                                               str(workspace / "params.yaml")])
+    assert "PROMOTED v1 (mostpop) (already decided earlier; nothing changed)" in again_first.output
     params = load_params(workspace / "params.yaml")
     gated = promote_candidate(workspace, params, "sasrec")
     again = promote_candidate(workspace, params, "mostpop")

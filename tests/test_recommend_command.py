@@ -152,14 +152,18 @@ def test_a_user_with_nothing_the_champion_can_score_gets_popularity_not_padding_
     params_path = setup(tmp_path, with_champion=True)
     early = recommend_json(params_path, "--user", "alice", "-k", "2", "--at", "2001-01-01T00:00:00Z")
     assert early["source"] == "popularity_fallback" and early["model_version"] == 1, early
-    assert "user 'alice' has no events up to 2001-01-01T00:00:00+00:00 for champion v2 to score" in early["reason"]
+    assert (
+        "user 'alice' has no events up to 2001-01-01T00:00:00+00:00 for champion v2 to score"
+        in early["reason"]
+    )
     assert [r["item_id"] for r in early["recommendations"]] == ["m1", "m2"]  # the baseline's order
     later = recommend_json(params_path, "--user", "alice", "-k", "2")  # her events are known: the champion
     assert later["source"] == "champion"
 
 
 def test_dataset_popularity_as_of_a_time_counts_no_event_after_it(tmp_path):
-    """Nothing registered: popularity from the prepared dataset, counted up to `--at` (it counted them all)."""
+    """Nothing registered: popularity from the prepared dataset, counted up to `--at`
+    (it counted them all)."""
     params_path = write_params(tmp_path)
     _prepared(tmp_path)  # m1 at 1_700_000_000 (bob), m4 at 1_700_000_000 and m3 at 1_700_000_100 (alice)
     before_m3 = recommend_json(params_path, "--history", "x", "--at", "2023-11-14T22:14:00Z")  # 1_700_000_040

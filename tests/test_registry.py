@@ -276,7 +276,8 @@ def test_replaying_a_promotion_a_rollback_undid_says_it_is_not_the_champion(regi
     second = make_eval(0.05, seed=2)
     assert _promote(registry, tmp_path, "v2", second).promoted
     registry.rollback()
-    again = registry.promote(tmp_path / "ckpts" / "v2", second, baseline_result=MOSTPOP, baseline_kind="mostpop")
+    again = registry.promote(tmp_path / "ckpts" / "v2", second, baseline_result=MOSTPOP,
+                             baseline_kind="mostpop")
     assert again.replayed and again.decision == "promoted" and not again.promoted and again.version == 2
     assert "since then v1 became the champion" in again.reason and "rollback --to 2" in again.reason
     assert registry.champion_version() == 1 and [e.decision for e in registry.history()][-1] == "rollback"

@@ -252,6 +252,7 @@ def promote_command(
                                      dataset_version=dataset_version)
     except expected_errors() as err:
         fail(describe(err, f"cannot promote {model!r}", url))
-    verb = "PROMOTED" if decision.promoted else "NOT CHAMPION" if decision.decision == "promoted" else "REFUSED"
+    verb = ("PROMOTED" if decision.promoted else "NOT CHAMPION" if decision.decision == "promoted"
+            else "REFUSED")
     replay = " (already decided earlier; nothing changed)" if decision.replayed else ""
     typer.echo(f"{verb} v{decision.version} ({model}){replay}: {decision.reason}")

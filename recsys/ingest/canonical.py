@@ -13,9 +13,11 @@ import numpy as np
 import pandas as pd
 
 from recsys.validation import PARSE_ERROR
-from recsys.schema import EVENT, ITEM, OPTIONAL_COLUMNS, RATING, REQUIRED_COLUMNS, TIMESTAMP, USER
+from recsys.schema import (
+    CANONICAL_COLUMNS, EVENT, ITEM, OPTIONAL_COLUMNS, RATING, REQUIRED_COLUMNS, TIMESTAMP, USER,
+)
 
-CANONICAL = [*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS]
+CANONICAL = list(CANONICAL_COLUMNS)
 KEY = [USER, ITEM, TIMESTAMP]
 # Timestamps beyond this are not seconds (milliseconds, garbage) and would overflow int64 arithmetic.
 _MAX_SECONDS = 2**53

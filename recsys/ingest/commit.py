@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -140,14 +141,14 @@ def commit(
         ) from err
     try:
         record = record_commit(where, entry, record, index)
-    except OSError as err:
+    except (OSError, sqlite3.Error) as err:  # the key index is SQLite: a full disk is its OperationalError
         # data.dvc already names the part: undoing it now would leave data.dvc (and the push) pointing at a
         # version whose rows are gone. The journal stays, and the next run's recovery finishes the record.
         written = f"its rows are in the store as {part}" if part else "its quarantine file is written"
         raise IngestError(
             f"{source}: {written} (data version {record['data_version']}), but recording the batch failed "
-            f"({err.strerror or err}); free the space, then run `recsys ingest` again: it completes the "
-            "record before anything else"
+            f"({getattr(err, 'strerror', None) or err}); free the space, then run `recsys ingest` again: it "
+            "completes the record before anything else"
         ) from err
     journal.unlink()
     fsync_dir(where.pending)

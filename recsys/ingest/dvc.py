@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from recsys import workspace
 from recsys.ingest.errors import DvcAddFailed
@@ -30,12 +31,24 @@ def dvc_add(paths: Paths) -> str | None:
     return data_version(paths)
 
 
-def dvc_push(paths: Paths) -> str | None:
+def dvc_push(paths: Paths) -> PushFailure | None:
     """Push the store to the default remote; returns why it failed, or None."""
     if not dvc_enabled(paths.root):
         return None
     result = workspace.run_dvc(paths.root, "push", paths.dvc_file.name, check=False)
     if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
-        return f"`dvc push {paths.dvc_file.name}` failed ({lines[-1].strip()[:300]})"
+        output = (result.stderr or result.stdout).strip()
+        lines = output.splitlines() or ["no output"]
+        # DVC's own sentence, not its hint
+        line = next((x for x in lines if x.startswith("ERROR:")), lines[-1])
+        return PushFailure(f"`dvc push {paths.dvc_file.name}` failed ({line.strip()[:300]})",
+                           transient=not any(sign in output for sign in workspace.DETERMINISTIC_DVC_ERRORS))
     return None
+
+
+class PushFailure(NamedTuple):
+    """Why a push failed, and whether running it again may succeed (an unreachable remote may come back; no
+    remote configured will not)."""
+
+    message: str
+    transient: bool

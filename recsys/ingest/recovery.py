@@ -66,10 +66,12 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
             try:
                 record = finish_commit(paths, entry, index)
             except IngestError as err:  # e.g. `dvc add` refused inside `dvc repro`: stop before any read
-                raise IngestError(
+                error = IngestError(
                     f"batch {sha[:16]} ({record['source']}) was written but not recorded, and completing "
                     f"it failed ({err}); run `recsys ingest` (it completes interrupted commits), then retry"
-                ) from err
+                )
+                error.transient = getattr(err, "transient", False)  # DVC's lock held: a retry may pass
+                raise error from err
             action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
         journal.unlink()
         fsync_dir(paths.pending)
@@ -99,10 +101,14 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
     fault_point("before_push")
     failure = dvc_push(paths)
     if failure:
-        raise IngestError(
-            f"the DVC remote does not have data version {version} yet: {failure}; the data is committed "
-            "locally — run `recsys ingest` (or `dvc push data.dvc`) again once the remote is reachable"
+        then = ("once the remote is reachable" if failure.transient else
+                "once DVC has a remote it can push to (`dvc remote list`; README, Scaling out)")
+        error = IngestError(
+            f"the DVC remote does not have data version {version} yet: {failure.message}; the data is "
+            f"committed locally — run `recsys ingest` (or `dvc push data.dvc`) again {then}"
         )
+        error.transient = failure.transient  # an unreachable remote may come back; a missing one will not
+        raise error
     fault_point("after_push")
     paths.push_marker.unlink()
     fsync_dir(paths.state)

@@ -38,14 +38,13 @@ class IngestRun(list):
 
 
 class PushFailed(IngestError):
-    """The batches are committed locally but the DVC remote does not have them yet. Transient: a remote
-    comes back, and a retry pushes first (the flows retry it; the message says what a person can do)."""
+    """The batches are committed locally but the DVC remote does not have them yet. Transient unless DVC has
+    no usable remote: an unreachable one comes back, and a retry pushes first (the flows retry it)."""
 
-    transient = True
-
-    def __init__(self, message: str, run: IngestRun):
+    def __init__(self, message: str, run: IngestRun, transient: bool = True):
         super().__init__(message)
         self.run = run
+        self.transient = transient
 
 
 def ingest_batches(
@@ -85,18 +84,20 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
         push_error = push_error or _push(where, config, run)
         if push_error:
-            raise PushFailed(push_error, run)
+            raise PushFailed(str(push_error), run, getattr(push_error, "transient", True))
     for action in run.actions:
         log.info("ingest: %s", action)
     return run
 
 
-def _push(where: Paths, config: IngestConfig, run: IngestRun, interrupted: bool = False) -> str | None:
+def _push(
+    where: Paths, config: IngestConfig, run: IngestRun, interrupted: bool = False
+) -> IngestError | None:
     """Push if the marker says so; note what was done in `run`, return why it failed (or None)."""
     try:
         pushed = complete_push(where, config, interrupted)
     except IngestError as err:
-        return str(err)
+        return err
     if pushed:
         run.actions.append(pushed)
     return None

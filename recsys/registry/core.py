@@ -105,7 +105,8 @@ class Registry(RegistryReads):
         for name, value in (("dataset_version", dataset_version), ("code_version", code_version),
                             ("eval_fingerprint", fingerprint)):
             if value is not None and not str(value).strip():
-                raise RegistryError(f"{name} is empty: leave it unset for the recorded default, or give a label")
+                raise RegistryError(f"{name} is empty: leave it unset for the recorded default, "
+                                    "or give a label")
             if value is not None and len(str(value)) > _LIMITS[name]:
                 raise RegistryError(
                     f"{name} is longer than {_LIMITS[name]} characters "
@@ -270,8 +271,8 @@ class Registry(RegistryReads):
                 # nothing, so it must not say the candidate serves.
                 return dataclasses.replace(replay, promoted=False, reason=(
                     f"{replay.reason}; since then v{champion_now} became the champion (a rollback or a later "
-                    f"promotion), and a replay changes nothing: `recsys registry rollback --to {replay.version}` "
-                    "serves it again"))
+                    f"promotion), and a replay changes nothing: `recsys registry rollback --to "
+                    f"{replay.version}` serves it again"))
             return replay
         candidate = scores_of(eval_result, metric)
         load_statistics()  # before the locked section below, not inside it

@@ -16,7 +16,7 @@ from recsys import ingest
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.ingest.manifest import read_manifest
 from recsys.store import read_store
-from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, write_frame
+from test_ingest_support import VENV_BIN, config, copy_repo, events, make_dvc_repo, run, write_frame
 
 pytestmark = pytest.mark.slow
 PARAMS = "ingest:\n  max_unseen_item_share: 1.0\n"
@@ -123,3 +123,17 @@ def test_unreachable_remote_fails_the_run_with_one_line_and_the_next_run_pushes(
     assert again.returncode == 0 and "completed an interrupted push" in again.stdout, again.stderr
     clean, status = dvc_clean(repo)
     assert clean, status
+
+
+def test_a_repository_without_a_remote_fails_the_push_as_not_transient(repo):
+    """No remote configured fails the same way every time: not retried, and the line says what to set up."""
+    for scope in ([], ["--local"]):
+        subprocess.run([str(VENV_BIN / "dvc"), "remote", "default", "--unset", *scope], cwd=repo, check=False,
+                       capture_output=True)
+    write_frame(repo / "inbox" / "c.csv", events(5, start=400))
+    with pytest.raises(ingest.PushFailed) as failed:
+        ingest.ingest_batches([repo / "inbox" / "c.csv"], repo, config(dvc_push=True))
+    assert failed.value.transient is False, str(failed.value)
+    message = str(failed.value)
+    assert "no remote specified" in message and "once DVC has a remote it can push to" in message, message
+    assert [s.status for s in failed.value.run] == ["ingested"]  # committed locally all the same

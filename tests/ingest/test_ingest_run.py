@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sqlite3
 
 import pandas as pd
 import pyarrow as pa
@@ -17,6 +18,7 @@ from recsys import store as raw_store
 from recsys.commands.ingest import app
 from recsys.ingest import commit as commit_module
 from recsys.ingest import report as ingest_report
+from recsys.ingest.keys import KeyIndex
 from recsys.store import read_store
 from test_ingest_support import T0, config, copy_repo, events, make_repo, snapshot, write_csv, write_frame
 
@@ -313,7 +315,7 @@ def test_disk_full_during_the_part_write_changes_nothing(repo, monkeypatch):
     assert ingest_one(repo, path).status == "ingested"  # a retry after freeing space works
 
 
-@pytest.mark.parametrize("step", ["manifest", "report"])
+@pytest.mark.parametrize("step", ["manifest", "index", "report"])
 def test_disk_full_after_dvc_add_keeps_the_part_and_the_next_run_records_it(repo, monkeypatch, step):
     """Once data.dvc has the part, a failure is completed, never undone: the part and the journal stay."""
     batch = events(10, start=1200).assign(user_id=lambda f: f.user_id + "y")
@@ -325,11 +327,17 @@ def test_disk_full_after_dvc_add_keeps_the_part_and_the_next_run_records_it(repo
 
     if step == "manifest":
         monkeypatch.setattr(commit_module, "append_manifest", disk_full)
+    elif step == "index":  # SQLite's own error for a full disk, not an OSError
+        def index_full(*args, **kwargs):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        monkeypatch.setattr(KeyIndex, "add_part", index_full)
     else:
         real = ingest_report.validation.write_report
         monkeypatch.setattr(ingest_report.validation, "write_report",
                             lambda rep, *a: disk_full() if rep["status"] == "ingested" else real(rep, *a))
-    failed = "rows are in the store as part-.*recording the batch failed \\(No space left on device\\)"
+    failed = ("rows are in the store as part-.*recording the batch failed "
+              "\\((No space left on device|database or disk)")
     with pytest.raises(ingest.IngestError, match=failed):
         ingest_one(repo, path)
     parts = {p.name for p in (repo / "data" / "interactions").glob("part-*")}
