@@ -18,10 +18,10 @@ from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, run_main
 from flows.ingest import has_batches_or_unfinished_work, ingest, summarise
-from recsys.ingest.layout import NOTHING_TO_INGEST
 from flows.retrain import add_fan_out_arguments, check_run_parameters, retrain
 from recsys.entry import positive_int
 from recsys.fanout import IDLE_MINUTES
+from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.recommend import describe_champion
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)

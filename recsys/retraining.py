@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from recsys.atomic import fsync_dir, write_text_atomic
 from recsys.config import ConfigError, Params, validate_name
 from recsys.layout import Layout
 from recsys.workspace import workspace_lock
-from recsys.atomic import fsync_dir, write_text_atomic
 
 BASELINE = "mostpop"
 SELECTION_METRIC = "ndcg@10"

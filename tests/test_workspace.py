@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import yaml
+from dvc_support import point_remote
 
 from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
-from dvc_support import point_remote
 from recsys.workspace import DvcError, StageError, run_dvc
 
 # Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
