@@ -5,7 +5,8 @@ DVC run-cache (`recsys.fanout` says why the keys match).
 A run that ends `Crashed` — its worker died; with flow-run heartbeats and the automation of
 `flows/zombies.py` the server marks a silent run so — is handed out again, up to `resubmits` times, and a
 surviving worker picks it up. A `Failed` run is not: the worker already retried what may pass, so what is
-left is deterministic (a stage's own error) and is reported as one line.
+left is deterministic (a stage's own error) and is reported as one line. Whenever the coordinator stops
+short, it cancels every run it handed out that has not finished: nothing trains on for nobody.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def wait_for(orders: list[fanout.WorkOrder], deployment: str, resubmits: int = R
 
     Training may take hours, so only idleness is bounded: when for `idle_minutes` no run still out has
     been taken by a worker and none has ended (all Scheduled or Late: no worker online, or the pool busy
-    with other work), the runs still Scheduled are cancelled and the fan-out stops with one line."""
+    with other work), the runs still Scheduled are cancelled and the fan-out stops with one line. Whenever
+    it stops short (a failed or crashing model, an interrupt, an API error), every run not yet final is
+    cancelled (`cancel_unfinished`)."""
     from prefect.client.orchestration import get_client
 
     logger = get_run_logger()

@@ -71,7 +71,8 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     """Validate and append every batch waiting in the inbox.
 
     Args:
-        inbox: inbox folder (default: params.yaml `ingest.inbox`, relative to the repository).
+        inbox: inbox folder (default: params.yaml `ingest.inbox`, relative to the repository); a given one
+            must be an existing folder.
         repo_root: the repository (DVC workspace) to ingest into; its params.yaml is read.
     """
     ingest_config(repo_root, inbox)  # a bad inbox is refused before anything runs

@@ -40,12 +40,13 @@ def pipeline(
     """Ingest new batches, then retrain what changed and gate the best candidate.
 
     Args:
-        models: models to train (default: all in params.yaml).
+        models: models to train (default: all in params.yaml; an empty list is refused).
         force: retrain even when nothing changed.
         epochs: override `train.epochs` for this run only.
-        inbox: inbox folder (default: params.yaml `ingest.inbox`).
+        inbox: inbox folder (default: params.yaml `ingest.inbox`); a given one must be an existing folder.
         repo_root: the repository (DVC workspace); its params.yaml is the one every stage reads.
-        fan_out: a `train-model` deployment to train each model on a worker of its pool (see flows.retrain).
+        fan_out: a `train-model` deployment, `<flow>/<deployment>`, to train each model on a worker of its
+            pool (see flows.retrain).
         fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
     # before ingest: retrain would refuse them

@@ -148,14 +148,14 @@ def retrain(
     then gate the best candidate (by validation NDCG@10) against the champion.
 
     Args:
-        models: models to train; each must be listed in params.yaml `models`. MostPop is always evaluated
-            too, as the baseline a first champion must beat.
+        models: models to train; each must be listed in params.yaml `models` (unset: all; an empty list is
+            refused). MostPop is always evaluated too, as the baseline a first champion must beat.
         force: retrain even when DVC finds nothing changed.
         epochs: override `train.epochs` for this run only (DVC records it; the next normal run retrains).
         repo_root: the repository (DVC workspace) to run in; its params.yaml is the one every stage reads.
-        fan_out: a deployment of the `train-model` flow (e.g. `train-model/worker`): train + evaluate each
-            model as a run of it on a worker of its pool, sharing results through the DVC remote. Default
-            (none): one `dvc repro` here.
+        fan_out: a deployment of the `train-model` flow, `<flow>/<deployment>` (e.g. `train-model/worker`):
+            train + evaluate each model as a run of it on a worker of its pool, sharing results through the
+            DVC remote. Default (none): one `dvc repro` here.
         fan_out_idle_minutes: with `fan_out`, give up (cancelling the runs still waiting) when no worker has
             taken any of the runs for this long; training itself is not time-limited.
     """

@@ -46,7 +46,8 @@ def data_generate(
     out: Path = typer.Option(Path(DATA), help="raw store directory to write"),
     params: Path = PARAMS,
 ) -> None:
-    """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part."""
+    """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part; refused
+    when the store holds ingested batches."""
     from recsys.data import generate, write_store
 
     part = write_store(generate(load_params(params).generate), out)

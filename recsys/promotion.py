@@ -9,7 +9,8 @@ way whichever of them promoted it. The step:
 2. validates both registrations before anything is copied into the artifact store;
 3. installs the baseline (MostPop, trained on the same data) as the champion while no model has passed the
    gate, so there is always something to serve;
-4. gates the candidate against the champion, re-scoring it on the candidate's test set when the data changed.
+4. gates the candidate against the champion, re-scoring it on the candidate's test set when the data changed
+   — except the baseline itself while it is (now) the champion: installing it is the decision.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ STATE_DIR = STATE  # git-ignored; shared with recsys.ingest, whose journal lives
 
 
 class DvcError(RuntimeError):
-    """A `dvc` command failed. Transient by default (a lock held by another run, an unreachable remote)."""
+    """A `dvc` command failed. Transient by default (a lock held by another run, an unreachable remote); not
+    when DVC's own configuration is wrong (no remote, not a DVC repository: `stage_error`)."""
 
     transient = True
 

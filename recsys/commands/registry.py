@@ -239,8 +239,10 @@ def promote_command(
     """Register artifacts/models/MODEL and run the gate with the evaluate stage's results; show the decision.
 
     The same promotion step as the retrain flow (`recsys.promotion.promote_candidate`): the same lineage,
-    the baseline installed as champion while no model has passed the gate, the champion re-scored on new
-    data. A refused candidate is a normal outcome (exit 0); the reason is printed and recorded.
+    the baseline installed as champion while no model has passed the gate (promoting the baseline itself
+    then installs it, ungated), the champion re-scored on new data. REFUSED, and NOT CHAMPION (a replayed
+    promotion whose version a rollback has replaced since), are normal outcomes (exit 0); the reason is
+    printed and recorded.
     """
     from recsys.promotion import promote_candidate
 

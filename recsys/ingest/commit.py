@@ -82,7 +82,8 @@ def commit(
     base: dict[str, Any],
     index: KeyIndex,
 ) -> IngestSummary:
-    """Append the planned rows, exactly once; on an expected failure, undo and raise `IngestError`."""
+    """Append the planned rows, exactly once. On an expected failure before `dvc add` took the part, undo;
+    after it, keep the part and the journal for recovery to record; raise `IngestError` either way."""
     quarantine_file = where.quarantine / f"{report_json.stem}.csv" if len(plan.quarantined) else None
     part = raw_store.part_name(sha, raw_store.next_arrival(where.store)) if len(plan.accepted) else None
     record = {

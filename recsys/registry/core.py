@@ -11,7 +11,8 @@ gate side by side in this one file, under one locking rule):
    evaluation set *before* taking the lock (evaluation is slow; holding a write lock through it would
    stall every other writer); inside the lock the champion is re-read and, if it changed meanwhile, the
    transaction is abandoned and step 3 retried against the new champion. A decision already recorded for
-   (this artifact, this evaluation fingerprint) is returned as is, never decided twice.
+   (this artifact, this evaluation fingerprint) is returned, never decided twice; a `promoted` one whose
+   version is no longer champion comes back with `promoted` False and the `rollback --to` that serves it.
 
 The registry knows rows, aliases, the audit trail and artifacts — not pipeline paths, git, or which model
 is the baseline: the caller says how to re-score a champion (`rescore`) and which version is a baseline
