@@ -8,7 +8,6 @@ says to run `recsys bootstrap` first.)
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import yaml
@@ -64,9 +63,8 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             )
         from recsys.config import IngestConfig, load_params
         from recsys.data import generate, write_store
+        from recsys.ingest.commit import mark_push_pending
         from recsys.ingest.layout import paths as ingest_paths
-        from recsys.ingest.manifest import write_json_atomic
-        from recsys.ingest.report import iso
 
         write_store(generate(load_params(params_path or paths.params).generate), paths.data)
         # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
@@ -74,8 +72,9 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
         # seed first.
         run_dvc(root, "add", paths.data.name, "--quiet")
         # after the add: a marker without data.dvc has nothing to push
-        where = ingest_paths(root, IngestConfig())
-        write_json_atomic(where.push_marker, {"since": iso(time.time()), "by": "bootstrap"}, where.scratch)
+        config = IngestConfig()
+        where = ingest_paths(root, config)
+        mark_push_pending(where, config)
         run_dvc(root, "push", paths.data_dvc.name, "--quiet")
         where.push_marker.unlink()
     return "generated the default dataset into data/ and versioned it with DVC"

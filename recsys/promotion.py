@@ -131,7 +131,7 @@ def promote_candidate(
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
         if baseline_result is not None and baseline_lineage is not None:
             registry.check_registration(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
-            before = registry.champion_version()
+            before = registry.champion_version() if model == baseline else None
             installed = registry.install_baseline(baseline_dir, baseline_result,
                                                   **baseline_lineage.as_kwargs())
             if model == baseline and installed is not None:

@@ -52,13 +52,17 @@ def stage_error(args: tuple[str, ...], output: str) -> DvcError:
     if failed:
         return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
     error = DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
-    # DVC's configuration is wrong (no remote, a missing one, not a DVC repository): running it again fails
-    # the same way, so it is not retried; anything else (a lock, an unreachable remote) may pass.
-    error.transient = not any(sign in output for sign in DETERMINISTIC_DVC_ERRORS)
+    error.transient = dvc_may_pass(output)
     return error
 
 
 DETERMINISTIC_DVC_ERRORS = ("config file error", "not inside of a DVC repository")
+
+
+def dvc_may_pass(output: str) -> bool:
+    """Whether a failed `dvc` command may pass when run again: not when DVC's configuration is wrong (no
+    remote, a missing one, not a DVC repository); anything else (a lock, an unreachable remote) may."""
+    return not any(sign in output for sign in DETERMINISTIC_DVC_ERRORS)
 
 
 def subprocess_env() -> dict[str, str]:

@@ -42,7 +42,7 @@ def dvc_push(paths: Paths) -> PushFailure | None:
         # DVC's own sentence, not its hint
         line = next((x for x in lines if x.startswith("ERROR:")), lines[-1])
         return PushFailure(f"`dvc push {paths.dvc_file.name}` failed ({line.strip()[:300]})",
-                           transient=not any(sign in output for sign in workspace.DETERMINISTIC_DVC_ERRORS))
+                           transient=workspace.dvc_may_pass(output))
     return None
 
 

@@ -10,16 +10,17 @@ if TYPE_CHECKING:  # validation loads pandas: not for the paths and errors a not
 
 
 class IngestError(Exception):
-    """Ingest could not run (environment, DVC, configuration). The message says what and what to do."""
+    """Ingest could not run (environment, DVC, configuration). The message says what and what to do.
+    Deterministic unless `transient` says a retry may pass (DVC's lock held, an unreachable remote)."""
+
+    def __init__(self, message: str = "", transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class DvcAddFailed(IngestError):
     """`dvc add` of the store failed: transient when DVC's own lock was held (another `dvc` command in this
     workspace), deterministic otherwise (the same add fails the same way)."""
-
-    def __init__(self, message: str, transient: bool):
-        super().__init__(message)
-        self.transient = transient
 
 
 class BatchRejected(IngestError):

@@ -66,12 +66,11 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
             try:
                 record = finish_commit(paths, entry, index)
             except IngestError as err:  # e.g. `dvc add` refused inside `dvc repro`: stop before any read
-                error = IngestError(
+                raise IngestError(
                     f"batch {sha[:16]} ({record['source']}) was written but not recorded, and completing "
-                    f"it failed ({err}); run `recsys ingest` (it completes interrupted commits), then retry"
-                )
-                error.transient = getattr(err, "transient", False)  # DVC's lock held: a retry may pass
-                raise error from err
+                    f"it failed ({err}); run `recsys ingest` (it completes interrupted commits), then retry",
+                    transient=err.transient,  # DVC's lock held: a retry may pass
+                ) from err
             action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
         journal.unlink()
         fsync_dir(paths.pending)
@@ -103,12 +102,11 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
     if failure:
         then = ("once the remote is reachable" if failure.transient else
                 "once DVC has a remote it can push to (`dvc remote list`; README, Scaling out)")
-        error = IngestError(
+        raise IngestError(
             f"the DVC remote does not have data version {version} yet: {failure.message}; the data is "
-            f"committed locally — run `recsys ingest` (or `dvc push data.dvc`) again {then}"
+            f"committed locally — run `recsys ingest` (or `dvc push data.dvc`) again {then}",
+            transient=failure.transient,  # an unreachable remote may come back; a missing one will not
         )
-        error.transient = failure.transient  # an unreachable remote may come back; a missing one will not
-        raise error
     fault_point("after_push")
     paths.push_marker.unlink()
     fsync_dir(paths.state)

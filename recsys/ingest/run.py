@@ -42,9 +42,8 @@ class PushFailed(IngestError):
     no usable remote: an unreachable one comes back, and a retry pushes first (the flows retry it)."""
 
     def __init__(self, message: str, run: IngestRun, transient: bool = True):
-        super().__init__(message)
+        super().__init__(message, transient)
         self.run = run
-        self.transient = transient
 
 
 def ingest_batches(
@@ -84,7 +83,7 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
         push_error = push_error or _push(where, config, run)
         if push_error:
-            raise PushFailed(str(push_error), run, getattr(push_error, "transient", True))
+            raise PushFailed(str(push_error), run, push_error.transient)
     for action in run.actions:
         log.info("ingest: %s", action)
     return run
