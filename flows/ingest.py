@@ -11,7 +11,6 @@ published as a Prefect artifact.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -23,6 +22,7 @@ from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params
+from recsys.entry import ArgumentParser
 from recsys.ingest.layout import NOTHING_TO_INGEST, has_work
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
@@ -108,7 +108,7 @@ def summarise(done: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = add_verbose_flag(argparse.ArgumentParser(description="run the ingest flow"))
+    parser = add_verbose_flag(ArgumentParser("flows.ingest", description="run the ingest flow"))
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
     parser.add_argument("--repo-root", default=str(ROOT),
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")

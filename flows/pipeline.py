@@ -9,7 +9,6 @@ commit or push (`recsys.ingest.layout.has_work`, a few stats) it starts no inges
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from prefect import flow, get_run_logger
 from flows.errors import add_verbose_flag, run_main
 from flows.ingest import has_batches_or_unfinished_work, ingest, summarise
 from flows.retrain import add_fan_out_arguments, check_run_parameters, retrain
-from recsys.entry import positive_int
+from recsys.entry import ArgumentParser, positive_int
 from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.recommend import describe_champion
@@ -62,7 +61,7 @@ def pipeline(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = add_verbose_flag(argparse.ArgumentParser(description="run the pipeline flow (ingest → retrain → gate)"))
+    parser = add_verbose_flag(ArgumentParser("flows.pipeline", description="run the pipeline flow (ingest → retrain → gate)"))
     parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")

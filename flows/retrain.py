@@ -34,7 +34,7 @@ from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_
                                read_results, restore_left_override, select_models, check_models_given,
                                training_progress)
 from recsys.faults import fault_point
-from recsys.entry import positive_float, positive_int
+from recsys.entry import ArgumentParser, positive_float, positive_int
 from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head
 from recsys.workspace import run_dvc, workspace_lock
 
@@ -217,7 +217,7 @@ def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = add_verbose_flag(argparse.ArgumentParser(description="run the retrain flow"))
+    parser = add_verbose_flag(ArgumentParser("flows.retrain", description="run the retrain flow"))
     parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")

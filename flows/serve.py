@@ -17,6 +17,7 @@ from flows.ingest import ingest
 from flows.pipeline import pipeline
 from flows.retrain import retrain
 from recsys.config import ConfigError
+from recsys.entry import ArgumentParser
 
 NIGHTLY_CRON = "0 2 * * *"
 
@@ -58,7 +59,7 @@ def serve_deployments(cron: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(
-        argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        ArgumentParser("flows.serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
                         help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from recsys.config import load_params, validate_name
-from recsys.entry import VERBOSE_ENV, report_user_error, user_errors, verbose_requested
+from recsys.entry import VERBOSE_ENV, report_user_error, usage_line, user_errors, verbose_requested
 from recsys.layout import DATA
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -227,7 +227,7 @@ _reflow_help(app)
 def main() -> None:
     _setup_logging()
     try:
-        code = app(standalone_mode=False)
+        code = app(prog_name="recsys", standalone_mode=False)  # the console script, also in-process (tests)
     except user_errors() as err:
         report_user_error(err, verbose_requested())
         sys.exit(1)
@@ -236,8 +236,9 @@ def main() -> None:
     except Exception as err:
         # Usage errors arrive here with standalone_mode=False; typer bundles its own click, whose exception
         # classes are not click's, so recognise them by what they can do.
-        if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
-            err.show()
+        if callable(getattr(err, "format_message", None)) and isinstance(getattr(err, "exit_code", None), int):
+            context = getattr(err, "ctx", None)
+            print(usage_line(getattr(context, "command_path", None), err.format_message()), file=sys.stderr)
             sys.exit(err.exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)

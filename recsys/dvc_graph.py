@@ -10,7 +10,6 @@ stage runs), so editing a module re-runs exactly the stages that run it — and 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from recsys import layout
+from recsys.entry import ArgumentParser
 
 PACKAGE = "recsys"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -144,7 +144,7 @@ def render(root: Path = REPO_ROOT) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="render dvc.yaml from recsys/layout.py and the stages' imports")
+    parser = ArgumentParser("recsys.dvc_graph", description="render dvc.yaml from recsys/layout.py and the stages' imports")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when dvc.yaml differs")
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)

@@ -61,6 +61,26 @@ def error_line(err: BaseException) -> str:
     return f"error: {err}"
 
 
+def usage_line(prog: str | None, message: str) -> str:
+    """A command line refused before anything ran, as one line: what was wrong and where the help is (argparse
+    and Click print a usage block first; the help command says the same, on request)."""
+    if not prog:
+        return f"error: {message}"
+    return f"error: {prog}: {message.strip().rstrip('.')} (see '{prog} --help')"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for `python -m MODULE` (its usage and refusals name that command, not the module's file), with
+    its refusals as one line (`usage_line`), exit code 2 as argparse's."""
+
+    def __init__(self, module: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(prog=f"python -m {module}", **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        print(usage_line(self.prog, message), file=sys.stderr)
+        sys.exit(2)
+
+
 def report_user_error(err: BaseException, verbose: bool = False) -> None:
     """The one line a person acts on (after the traceback, when asked for one)."""
     if verbose:
@@ -102,11 +122,11 @@ def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)
         sys.exit(1)
 
 
-def model_stage_args(description: str, argv: list[str] | None = None):
+def model_stage_args(module: str, description: str, argv: list[str] | None = None):
     """`--model NAME [--params params.yaml] [--root .]` → (validated model name, Params, repo root)."""
     from recsys.config import load_params, validate_name
 
-    parser = argparse.ArgumentParser(description=description)
+    parser = ArgumentParser(module, description=description)
     parser.add_argument("--model", required=True)
     parser.add_argument("--params", default=PARAMS)
     parser.add_argument("--root", default=".")

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -27,6 +26,7 @@ import pandas as pd
 
 from recsys import layout, schema
 from recsys.config import IngestConfig, PrepareConfig, load_params
+from recsys.entry import ArgumentParser
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None,
     read), kept out of this function so that modules importing this one do not depend on the ingest code."""
     from recsys.store import read_store
 
-    parser = argparse.ArgumentParser(description="prepare stage: raw store → split dataset")
+    parser = ArgumentParser("recsys.prepare", description="prepare stage: raw store → split dataset")
     parser.add_argument("--params", default=layout.PARAMS)
     parser.add_argument("--store", default=layout.DATA)
     parser.add_argument("--out", default=layout.PREPARED)

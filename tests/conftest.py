@@ -15,7 +15,7 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 
 from pathlib import Path
 
-import prefect  # noqa: F401  (see below)
+import prefect.main  # noqa: F401  (see below)
 import pytest
 import torch
 import yaml
@@ -24,10 +24,12 @@ from dvc_support import copy_repo, make_dvc_repo, point_remote
 from flow_support import REPO_ROOT, merge_params
 from recsys.config import GenerateConfig, PrepareConfig, TrainConfig
 
-# Prefect's logging configuration, applied when it is first imported, binds a console handler on the root logger
-# to the sys.stderr of that moment. Imported here, that is the session's stream; imported first inside a test
-# that captures output (capsys, CliRunner), it would be that test's stream, closed when the test ends, and every
-# later log line in the worker would print a "Logging error" traceback into some other test's output.
+# Prefect's logging configuration, applied when it is first loaded, binds a console handler on the root logger
+# to the sys.stderr of that moment (`import prefect` alone loads nothing: Prefect 3 loads lazily, and the first
+# `from prefect import flow` configures logging — hence `prefect.main`). Loaded here, that is the session's
+# stream; loaded first inside a test that captures output (capsys, CliRunner), it would be that test's stream,
+# closed when the test ends, and every later log line in the worker would print a "Logging error" traceback
+# into some other test's output.
 
 # Tiny models on a shared 2-core machine: intra-op threads only add contention (a 5-epoch SASRec run on the
 # tiny dataset takes ~0.2 s with one thread and 10 s+ with two when the other core is busy).

@@ -124,11 +124,36 @@ def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "ml").exists()
 
 
-@pytest.mark.parametrize("args", [["train", "--no-such-option"], ["train"]])
-def test_usage_error_is_not_a_traceback(monkeypatch, capsys, args):
-    code, _, err = run_cli(monkeypatch, capsys, *args)
-    assert code == 2
-    assert "Traceback" not in err and ("--no-such-option" in err or "--model" in err)
+@pytest.mark.parametrize(("args", "says"), [
+    (["train", "--no-such-option"], "recsys train: No such option: --no-such-option"),
+    (["train"], "recsys train: Missing option '--model'"),
+    (["registry", "history", "--nope"], "recsys registry history: No such option: --nope"),
+    (["nosuch"], "recsys: No such command 'nosuch'"),
+])
+def test_usage_error_is_one_line_naming_the_help(monkeypatch, capsys, args, says):
+    """Click's refusal was a four-line block (usage, a hint, a blank line, the error): now the one line."""
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and out == ""
+    command = says.split(":")[0]
+    assert_one_line_error(err, says, f"(see '{command} --help')")
+
+
+@pytest.mark.parametrize("module", ["recsys.prepare", "recsys.train", "recsys.evaluate", "recsys.dvc_graph",
+                                    "flows.ingest", "flows.retrain", "flows.pipeline", "flows.zombies",
+                                    "flows.serve"])
+def test_every_python_m_entry_point_refuses_in_one_line_naming_itself(capsys, module):
+    """argparse printed its usage block and named the module's file (`retrain.py: error: ...`), which is not
+    the command a person typed (`python -m flows.retrain`)."""
+    import importlib
+
+    with pytest.raises(SystemExit) as done:
+        model = ["--model", "sasrec"] if module in ("recsys.train", "recsys.evaluate") else []
+        importlib.import_module(module).main([*model, "--no-such-option"])
+    assert done.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_one_line_error(err, f"error: python -m {module}: unrecognized arguments: --no-such-option "
+                               f"(see 'python -m {module} --help')")
 
 
 def test_prepare_on_an_empty_store(monkeypatch, capsys, tmp_path, write_params):
