@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from recsys.faults import fault_point
 from recsys.layout import Layout
 from recsys.workspace import run_dvc, workspace_lock
 
@@ -20,6 +21,16 @@ SEED_FILES = 2  # what `recsys.data.write_store` writes: the seed part and items
 
 class BootstrapError(RuntimeError):
     """The raw store is missing and cannot be recreated here; the message says what to run."""
+
+
+def _remove_seed(paths: Layout) -> None:
+    """Undo a generated seed that `dvc add` did not record: what `write_store` writes (the interactions folder,
+    which held no part before it, and items.csv), then the marker that says so."""
+    import shutil
+
+    shutil.rmtree(paths.data / "interactions", ignore_errors=True)
+    (paths.data / "items.csv").unlink(missing_ok=True)
+    paths.seeding.unlink(missing_ok=True)
 
 
 def store_has_data(root: Path) -> bool:
@@ -44,9 +55,11 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     """
     root = Path(root)
     paths = Layout(root)
-    if store_has_data(root):
+    if store_has_data(root) and not paths.seeding.exists():
         return "raw store present"
     with workspace_lock(root):
+        if paths.seeding.exists():  # killed between generating a seed and `dvc add` recording it: start over
+            _remove_seed(paths)
         if store_has_data(root):  # another process bootstrapped while we waited
             return "raw store present"
         pulled = None
@@ -66,15 +79,25 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
         from recsys.ingest.commit import mark_push_pending
         from recsys.ingest.layout import paths as ingest_paths
 
-        write_store(generate(load_params(params_path or paths.params).generate), paths.data)
-        # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
-        # (DvcError, one line at the entry point) and the next ingest run, which sees the marker, pushes the
-        # seed first.
-        run_dvc(root, "add", paths.data.name, "--quiet")
-        # after the add: a marker without data.dvc has nothing to push
-        config = IngestConfig()
-        where = ingest_paths(root, config)
-        mark_push_pending(where, config)
+        generated = generate(load_params(params_path or paths.params).generate)
+        # From writing the seed until data.dvc records it and its push is marked, `seeding` says the store
+        # is not versioned: a failure removes the seed at once, a kill leaves the marker for the next run.
+        paths.seeding.parent.mkdir(parents=True, exist_ok=True)
+        paths.seeding.touch()
+        try:
+            write_store(generated, paths.data)
+            fault_point("seed_written")
+            run_dvc(root, "add", paths.data.name, "--quiet")
+            # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
+            # (DvcError, one line at the entry point) and the next ingest run, which sees the marker, pushes
+            # the seed first. (After the add: a marker without data.dvc has nothing to push.)
+            config = IngestConfig()
+            where = ingest_paths(root, config)
+            mark_push_pending(where, config)
+        except BaseException:
+            _remove_seed(paths)
+            raise
+        paths.seeding.unlink()
         run_dvc(root, "push", paths.data_dvc.name, "--quiet")
         where.push_marker.unlink()
     return "generated the default dataset into data/ and versioned it with DVC"

@@ -32,6 +32,7 @@ CURVE = "plots/{model}.csv"
 RESUME = ".resume"  # trainer state after each epoch (git-ignored, outside DVC)
 STATE = ".ingest"  # workspace lock, ingest journal, params backup during an --epochs override
 SCRATCH = "tmp"  # inside STATE: the temp files of workspace writes, emptied when recovery starts
+SEEDING = "seeding"  # inside STATE: `recsys bootstrap` generated a seed store that `dvc add` has not recorded
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class Layout:
     @property
     def scratch(self) -> Path:
         return self.root / STATE / SCRATCH
+
+    @property
+    def seeding(self) -> Path:
+        return self.root / STATE / SEEDING
 
     def model_dir(self, model: str) -> Path:
         return self.root / MODEL_DIR.format(model=model)

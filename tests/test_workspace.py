@@ -108,6 +108,53 @@ def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, wri
     assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
 
 
+def _seed_recorded(repo) -> bool:
+    """data.dvc records the generated seed and `dvc status` finds the store as recorded."""
+    recorded = yaml.safe_load((repo / "data.dvc").read_text())["outs"][0]
+    return recorded["nfiles"] == 2 and "up to date" in run_dvc(repo, "status", "data.dvc").stdout
+
+
+@dvc_slow
+def test_a_failed_dvc_add_leaves_no_unversioned_seed_behind(dvc_repo, write_params):
+    """`dvc add` failing after the seed was written: the seed goes (the next run generated nothing and said
+    "raw store present" over a store data.dvc never recorded); the next run generates and versions it."""
+    from recsys.layout import Layout
+
+    write_params(path=dvc_repo / "params.yaml")
+    cache = dvc_repo / ".dvc" / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.write_text("a file where DVC's cache folder should be")  # a real `dvc add` failure
+    before = (dvc_repo / "data.dvc").read_bytes() if (dvc_repo / "data.dvc").exists() else None
+    with pytest.raises(DvcError, match="add"):
+        ensure_raw_store(dvc_repo)
+    assert not store_has_data(dvc_repo) and not (dvc_repo / "data" / "items.csv").exists()
+    assert not Layout(dvc_repo).seeding.exists()
+    assert ((dvc_repo / "data.dvc").read_bytes() if (dvc_repo / "data.dvc").exists() else None) == before
+    cache.unlink()
+    assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")
+    assert _seed_recorded(dvc_repo) and not Layout(dvc_repo).seeding.exists()
+
+
+@dvc_slow
+def test_a_bootstrap_killed_before_dvc_add_is_started_over(dvc_repo, write_params):
+    """A real kill between writing the seed and `dvc add`: the marker stays, and the next run removes the
+    unrecorded seed and generates and versions it, instead of taking it for a present store."""
+    import os
+    import subprocess
+
+    from recsys.layout import Layout
+
+    write_params(path=dvc_repo / "params.yaml")
+    env = {**os.environ, "RECSYS_FAULT": "seed_written"}
+    killed = subprocess.run([sys.executable, "-c", "from recsys.bootstrap import ensure_raw_store; "
+                             "ensure_raw_store()"], cwd=dvc_repo, env=env, capture_output=True, text=True)
+    assert killed.returncode == 1 and "injected fault at seed_written" in killed.stderr, killed.stderr
+    assert store_has_data(dvc_repo) and Layout(dvc_repo).seeding.exists()
+    assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")
+    assert _seed_recorded(dvc_repo) and not Layout(dvc_repo).seeding.exists()
+    assert ensure_raw_store(dvc_repo) == "raw store present"
+
+
 @dvc_slow
 def test_bootstrap_never_replaces_ingested_data_with_the_generated_seed(dvc_repo, write_params):
     write_params(path=dvc_repo / "params.yaml")
