@@ -105,11 +105,15 @@ def data_import(
     path: Path = typer.Argument(..., help="dataset folder or file"),
     out: Path = typer.Option(Path(DATA), help="raw store directory to (re)write"),
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
+    params: Path = PARAMS,
 ) -> None:
-    """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table)."""
-    from recsys.data import (DataError, Generated, check_no_batches, read_movielens_1m, read_movielens_100k,
-                             read_movielens_titles, read_table, write_store)
+    """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table). Its rows get the
+    checks every ingested batch gets (params.yaml `ingest`): one failing row refuses the import; an event
+    listed twice is kept once."""
+    from recsys.data import (DataError, Generated, check_no_batches, check_seed, read_movielens_1m,
+                             read_movielens_100k, read_movielens_titles, read_table, write_store)
 
+    config = load_params(params).ingest
     check_no_batches(out)  # before reading the dataset (write_store checks again)
 
     if source == "movielens-1m":
@@ -122,8 +126,11 @@ def data_import(
         raise DataError(f"unknown source {source!r}: movielens-1m | movielens-100k | table")
     import pandas as pd
 
-    part = write_store(Generated(frame, titles if titles is not None else pd.DataFrame(columns=["item_id", "title"])), out)
-    typer.echo(f"wrote {len(frame)} interactions to {part}; run `dvc add data` to version them")
+    frame, duplicates = check_seed(frame, config)
+    no_titles = pd.DataFrame(columns=["item_id", "title"])
+    part = write_store(Generated(frame, titles if titles is not None else no_titles), out)
+    dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""
+    typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; run `dvc add data` to version them")
 
 
 @app.command()

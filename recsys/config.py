@@ -205,7 +205,7 @@ class IngestConfig:
     reports: str = "reports/ingest"
     manifest: str = "ingest_manifest.jsonl"
     # Earliest plausible event (UTC seconds) and how far into the future a timestamp may be.
-    timestamp_floor: int = 946684800  # 2000-01-01; MovieLens-1M starts 2000-04-25
+    timestamp_floor: int = 788918400  # 1995-01-01; MovieLens-100K starts 1997-09-20, -20M 1995-01-09
     max_future_skew_seconds: int = 86400
     min_rows: int = 1
     max_bad_row_share: float = 0.05

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys import schema
-from recsys.config import GenerateConfig
+from recsys.config import GenerateConfig, IngestConfig
 from recsys.ingest import IngestError
 from recsys.ingest.canonical import CANONICAL, to_canonical
 from recsys.ingest.read import read_file
@@ -67,6 +67,37 @@ def canonical(frame: pd.DataFrame) -> pd.DataFrame:
         )
     # Through Arrow, so the frame has exactly the dtypes the store reads back (`recsys.store.read_store`).
     return to_arrow(typed[list(CANONICAL)].astype({schema.TIMESTAMP: "int64"})).to_pandas()
+
+
+def check_seed(frame: pd.DataFrame, config: IngestConfig, now: int | None = None) -> tuple[pd.DataFrame, int]:
+    """A seed import (`canonical` rows) under the row checks every ingested batch gets (params.yaml `ingest`):
+    a row failing one refuses the import — a seed is not quarantined, and a bad seed row would otherwise be
+    stored while the same row in a batch is not — and so do fewer than `ingest.min_rows` rows. Duplicate
+    (user, item, timestamp) events are kept once, by ingest's rule. Returns the rows to store and how many
+    duplicates were dropped."""
+    import time
+
+    from recsys import validation
+    from recsys.ingest.plan import dedup_within
+    from recsys.ingest.report import group_reasons
+
+    if len(frame) < config.min_rows:
+        raise DataError(f"{len(frame)} data rows: a seed needs at least ingest.min_rows = {config.min_rows}")
+    parameters = validation.suite_parameters(config, int(time.time()) if now is None else now, has_history=False)
+    checked = frame.assign(**{PARSE_ERROR: pd.Series(pd.NA, index=frame.index, dtype="string")})
+    reasons = validation.row_failures(checked, parameters)
+    bad = (reasons != "").to_numpy()
+    if bad.any():
+        top = "; ".join(f"{n} × {why}" for why, n in list(group_reasons(reasons[bad]).items())[:3])
+        first = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{int(bad.sum())} of {len(frame)} rows fail the checks every ingested batch gets: {top} (first: row "
+            f"{first + 1}, {frame.iloc[first].to_dict()}); correct them, or the params.yaml setting the "
+            f"reason names (ingest.timestamp_floor = {config.timestamp_floor}, "
+            f"ingest.max_future_skew_seconds = {config.max_future_skew_seconds}, ingest.allowed_events)"
+        )
+    duplicate = dedup_within(frame)
+    return frame.loc[~duplicate].reset_index(drop=True), int(duplicate.sum())
 
 
 def _ratings_file(path: Path, name: str) -> Path:

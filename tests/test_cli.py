@@ -89,13 +89,58 @@ def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
     from recsys.store import read_store
 
     source = tmp_path / "events.csv"
-    source.write_text("uid,sku,ts\na,x,10\nb,y,20\n")
+    source.write_text("uid,sku,ts\na,x,1704067210\nb,y,1704067220\n")
     code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out",
                            str(tmp_path / "data"), "--column", "user_id=uid", "--column", "item_id=sku",
                            "--column", "timestamp=ts")
     assert code == 0 and "wrote 2 interactions" in out
     stored = read_store(tmp_path / "data")
-    assert stored[["user_id", "item_id", "timestamp"]].values.tolist() == [["a", "x", 10], ["b", "y", 20]]
+    assert stored[["user_id", "item_id", "timestamp"]].values.tolist() == [["a", "x", 1704067210],
+                                                                           ["b", "y", 1704067220]]
+
+
+MAPPING = ["--column", "user_id=uid", "--column", "item_id=sku", "--column", "timestamp=ts"]
+
+
+@pytest.mark.parametrize(("rows", "says"), [
+    ("", "0 data rows: a seed needs at least ingest.min_rows = 1"),
+    ("a,x,1704067200000\n", "1 of 1 rows fail the checks every ingested batch gets: 1 × timestamp before the "
+                             "configured floor or too far in the future"),  # milliseconds, not seconds
+    ("a,x,-5\nb,y,1704067200\n", "1 of 2 rows fail"),
+    ("a,x,1704067200,like\n", "event is not one of ingest.allowed_events"),
+])
+def test_a_seed_import_gets_the_row_checks_of_a_batch_and_a_refusal_keeps_the_store(
+        monkeypatch, capsys, tmp_path, rows, says):
+    """A header-only file replaced the seed with nothing (exit 0); a timestamp in milliseconds, a negative one
+    or an event a batch may not carry were stored as they came."""
+    from recsys.store import read_store
+
+    store = tmp_path / "data"
+    source = tmp_path / "events.csv"
+    source.write_text("uid,sku,ts\nk,z,1704067200\n")
+    assert run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
+                   *MAPPING)[0] == 0
+    before = read_store(store)
+    header = "uid,sku,ts,kind" if "like" in rows else "uid,sku,ts"
+    source.write_text(f"{header}\n{rows}")
+    extra = ["--column", "event=kind"] if "like" in rows else []
+    code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
+                             *MAPPING, *extra)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, says)
+    assert "ingest.timestamp_floor = 788918400" in err or "min_rows" in err
+    assert read_store(store).equals(before)
+
+
+def test_a_seed_import_keeps_a_repeated_event_once(monkeypatch, capsys, tmp_path):
+    from recsys.store import read_store
+
+    source = tmp_path / "events.csv"
+    source.write_text("uid,sku,ts\na,b,1704067200\na,b,1704067200\na,c,1704067200\n")
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out",
+                           str(tmp_path / "data"), *MAPPING)
+    assert code == 0 and "wrote 2 interactions (1 repeated events kept once)" in out
+    assert read_store(tmp_path / "data")[["user_id", "item_id"]].values.tolist() == [["a", "b"], ["a", "c"]]
 
 
 def test_data_import_bad_input(monkeypatch, capsys, tmp_path):

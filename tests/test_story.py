@@ -78,7 +78,7 @@ def test_a_new_users_data_from_import_through_two_nightly_batches(tmp_path):
     seed, batch1, batch2 = export.iloc[:seed_end], export.iloc[seed_end:batch_end], export.iloc[batch_end:]
 
     repo = make_repo(tmp_path / "repo", {
-        # MovieLens 100K is from 1997-98: the user lowers the plausibility floor, and maps their columns once.
+        # The user's own plausibility floor (MovieLens 100K is from 1997-98), and their columns mapped once.
         "ingest": {"timestamp_floor": 800_000_000, "column_mapping": {"user_id": "customer", "item_id": "sku",
                                                                       "timestamp": "ts", "event": "kind"}},
         "prepare": {"min_user_interactions": 5, "min_item_interactions": 5},
