@@ -103,14 +103,20 @@ def _push(
 
 
 def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
-    """Move a batch out of the inbox once it is dealt with, so the inbox holds only what is new."""
+    """Move a batch out of the inbox once it is dealt with, so the inbox holds only what is new; a file of
+    the same name already there with other bytes is kept (the batch's name gets its sha256's first 12
+    hex digits)."""
     if summary.batch_sha256 is None:  # refused before reading (outside the inbox, missing): not ours to move
         return
     target = where.inbox / (REJECTED if summary.status == "rejected" else PROCESSED)
     if path.resolve().parent == target:
         return
     target.mkdir(exist_ok=True)
-    os.replace(path, target / path.name)
+    destination = target / path.name
+    if destination.exists() and file_sha256(destination) != summary.batch_sha256:
+        # Another batch that had this name: keep both (batch names repeat, e.g. a daily `export.csv`).
+        destination = target / f"{path.stem}-{summary.batch_sha256[:12]}{path.suffix}"
+    os.replace(path, destination)
 
 
 def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> IngestSummary:

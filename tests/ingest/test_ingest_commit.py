@@ -112,6 +112,28 @@ def test_cli_and_flow_file_batches_away_the_same_way(tmp_path):
     assert [p.name for p in (repo / "inbox").iterdir() if p.is_file()] == []
 
 
+def test_a_batch_named_like_a_filed_one_keeps_both(tmp_path):
+    """Daily exports share a name: the second `export.csv` replaced the first in processed/ (and a rejected
+    one its predecessor in rejected/), losing the only copy of what was ingested or refused."""
+    repo = make_repo(tmp_path / "repo")
+    inbox = repo / "inbox"
+    first = write_frame(inbox / "export.csv", events(4)).read_bytes()
+    bad_first = write_csv(inbox / "bad.csv", "user_id,item_id\nu,i\n").read_bytes()
+    assert [s.status for s in ingest_inbox(repo, CFG)] == ["rejected", "ingested"]
+    second = write_frame(inbox / "export.csv", events(4, start=10)).read_bytes()
+    bad_second = write_csv(inbox / "bad.csv", "user_id\nu\n").read_bytes()
+    assert [s.status for s in ingest_inbox(repo, CFG)] == ["rejected", "ingested"]
+    filed = (("processed", first, second, "export"), ("rejected", bad_first, bad_second, "bad"))
+    for folder, old, new, stem in filed:
+        kept = {p.name: p.read_bytes() for p in (inbox / folder).iterdir()}
+        assert kept[f"{stem}.csv"] == old and len(kept) == 2, sorted(kept)
+        (renamed,) = [name for name in kept if name != f"{stem}.csv"]
+        assert renamed.startswith(f"{stem}-") and renamed.endswith(".csv") and kept[renamed] == new
+    write_frame(inbox / "export.csv", events(4))  # the first one's bytes again: already ingested, same file
+    assert [s.status for s in ingest_inbox(repo, CFG)] == ["duplicate_batch"]
+    assert len(list((inbox / "processed").iterdir())) == 2
+
+
 def test_cli_without_paths_ingests_the_inbox(tmp_path):
     repo = make_repo(tmp_path / "repo")
     params = repo / "params.yaml"
