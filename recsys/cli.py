@@ -85,9 +85,11 @@ def data_download(
 
 
 def column_mapping(columns: list[str]) -> dict[str, str]:
-    """`--column canonical=source` options as a mapping; each must name a canonical column, once."""
+    """`--column canonical=source` options as a mapping; each must name a canonical column, once, and no
+    source column may be read as two (`recsys.schema.mapping_problem`, as for `ingest.column_mapping`)."""
     from recsys.data import DataError
     from recsys.schema import CANONICAL_COLUMNS as known
+    from recsys.schema import mapping_problem
 
     mapping: dict[str, str] = {}
     for option in columns:
@@ -96,6 +98,9 @@ def column_mapping(columns: list[str]) -> dict[str, str]:
             raise DataError(f"--column {option!r}: use canonical=source once per canonical column, with "
                             f"canonical one of {', '.join(known)} (e.g. --column user_id=customer)")
         mapping[canonical] = source
+    problem = mapping_problem(mapping)
+    if problem:
+        raise DataError(f"--column: {problem}")
     return mapping
 
 

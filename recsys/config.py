@@ -220,6 +220,14 @@ class IngestConfig:
     # caught instead of silently lost) or drop them.
     extra_columns: Literal["reject", "drop"] = "reject"
 
+    def __post_init__(self) -> None:
+        if self.column_mapping:  # (the schema module loads pyarrow: only when there is a mapping to check)
+            from recsys.schema import mapping_problem
+
+            problem = mapping_problem(self.column_mapping)
+            if problem:
+                raise ValueError(f"ingest.column_mapping: {problem}")
+
 
 @dataclass(frozen=True)
 class RegistryConfig:

@@ -19,6 +19,24 @@ REQUIRED_COLUMNS = (USER, ITEM, TIMESTAMP)
 OPTIONAL_COLUMNS = (RATING, EVENT)
 CANONICAL_COLUMNS = (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)  # every column a store part may hold
 
+
+def mapping_problem(mapping: dict) -> str | None:
+    """What is wrong with a {canonical column: source column} mapping (`ingest.column_mapping`, `recsys data
+    import table --column`), or None: each key a canonical column, each value a column name, no source
+    column read as two canonical ones."""
+    unknown = sorted(str(c) for c in mapping if c not in CANONICAL_COLUMNS)
+    if unknown:
+        return f"{unknown} are not canonical columns (those are {', '.join(CANONICAL_COLUMNS)})"
+    nameless = sorted(c for c, source in mapping.items() if not isinstance(source, str) or not source.strip())
+    if nameless:
+        return f"{nameless} must each name a source column (a non-empty string)"
+    sources = list(mapping.values())
+    repeated = sorted({s for s in sources if sources.count(s) > 1})
+    if repeated:
+        shared = {s: sorted(c for c, source in mapping.items() if source == s) for s in repeated}
+        return f"one source column cannot be two canonical ones: {shared}"
+    return None
+
 # Raw ids are strings so that any source (numeric MovieLens ids, UUIDs, SKUs) maps losslessly; `prepare`
 # remaps them to dense integers with 0 reserved for padding.
 ARROW_SCHEMA = pa.schema(

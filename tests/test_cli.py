@@ -341,8 +341,7 @@ def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whol
     code, out, _ = run_cli(monkeypatch, capsys, *args, "--help")
     assert code == 0
     lines = [line.strip(" │") for line in out.splitlines()]
-    # (click names the program after how it was started: `recsys` here, `python -m pytest.recsys` under pytest)
-    assert next(line for line in lines if line.startswith("Usage: ")).endswith(usage.removeprefix("Usage: "))
+    assert next(line for line in lines if line.startswith("Usage: ")) == usage  # `recsys`, however started
     assert any(paragraph in line for line in lines), out
 
 
@@ -378,6 +377,18 @@ def test_data_import_refuses_a_column_mapping_it_cannot_follow(monkeypatch, caps
                            "--out", str(tmp_path / "out"), "--column", option)
     assert code == 1
     assert_one_line_error(err, f"--column {option!r}: use canonical=source", "user_id, item_id, timestamp")
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_import_refuses_one_source_column_read_as_two(monkeypatch, capsys, tmp_path):
+    """It said "missing required column(s) ['user_id']", blaming the file."""
+    table = tmp_path / "t.csv"
+    table.write_text("customer,sku,ts\na,b,1000000000\n")
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table), "--out",
+                           str(tmp_path / "out"), "--column", "user_id=customer", "--column", "item_id=customer")
+    assert code == 1
+    assert_one_line_error(err, "--column: one source column cannot be two canonical ones: "
+                               "{'customer': ['item_id', 'user_id']}")
     assert not (tmp_path / "out").exists()
 
 

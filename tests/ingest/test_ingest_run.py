@@ -352,10 +352,22 @@ def test_disk_full_after_dvc_add_keeps_the_part_and_the_next_run_records_it(repo
     assert list((repo / ".ingest" / "pending").iterdir()) == []
 
 
-def test_unknown_mapping_target_is_a_configuration_error(repo):
+@pytest.mark.parametrize(("mapping", "says"), [
+    ({"userid": "user_id"}, r"\['userid'\] are not canonical columns"),
+    ({"user_id": "customer", "item_id": "customer"},
+     r"one source column cannot be two canonical ones: \{'customer': \['item_id', 'user_id'\]\}"),
+    ({"user_id": ""}, r"\['user_id'\] must each name a source column"),
+])
+def test_a_mapping_it_cannot_follow_is_a_configuration_error_not_a_bad_batch(repo, mapping, says):
+    """Caught where params.yaml is read: `{user_id: customer, item_id: customer}` reached the batch, which was
+    moved to rejected/ as "missing column(s) ['user_id']" though the file was fine."""
+    from recsys.config import ConfigError, parse_params
+
+    with pytest.raises(ValueError, match=rf"ingest.column_mapping: {says}"):
+        config(column_mapping=mapping)
+    with pytest.raises(ConfigError, match=says):
+        parse_params({"ingest": {"column_mapping": mapping}})
     path = write_frame(repo / "inbox" / "m.csv", events(2, start=1200))
-    with pytest.raises(ingest.IngestError, match="not canonical columns"):
-        ingest_one(repo, path, config(column_mapping={"userid": "user_id"}))
     summary = ingest_one(repo, path, config(column_mapping={"user_id": "uid"}))
     assert summary.status == "rejected" and "names column(s) not in the file" in summary.message
 
