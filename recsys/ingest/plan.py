@@ -112,9 +112,24 @@ def _batch_message(
             f"{bad} of {rows} rows ({details['bad_row_share']:.1%}) fail row checks "
             f"(limit {config.max_bad_row_share:.1%}): {top}"
         )
-    # Row-rule failures are summarised by the reason counts above; table-level ones are listed as such.
-    parts += [o.describe() for o in batch.failures if o.unexpected_count is None]
+    # Row-rule failures are summarised by the reason counts above; table-level ones get their sentence.
+    parts += [_table_failure(o, config) for o in batch.failures if o.unexpected_count is None]
     return f"{source}: batch rejected: " + "; ".join(parts)
+
+
+# The table-level expectations of the batch suite whose bound is a setting: the sentence for each.
+_SHARES = {validation.UNSEEN_USER: ("users", "max_unseen_user_share"),
+           validation.UNSEEN_ITEM: ("items", "max_unseen_item_share")}
+
+
+def _table_failure(outcome: validation.ExpectationOutcome, config: IngestConfig) -> str:
+    """A failed table-level expectation as a sentence naming the setting (the suite's own wording, with its
+    numbers, for one this does not know)."""
+    if outcome.column in _SHARES and isinstance(outcome.observed, (int, float)):
+        what, setting = _SHARES[outcome.column]
+        return (f"{float(outcome.observed):.1%} of its events name {what} the store has never seen (limit "
+                f"ingest.{setting} = {getattr(config, setting)}; raise it if that many new {what} are expected)")
+    return outcome.describe()
 
 
 def _schema_message(source: str, schema: validation.SuiteResult, config: IngestConfig) -> str:

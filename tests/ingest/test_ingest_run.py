@@ -383,7 +383,9 @@ def test_unseen_item_share_bound(repo):
         repo, write_frame(repo / "inbox" / "new_items.csv", frame), config(max_unseen_item_share=0.5)
     )
     assert summary.status == "rejected"
-    assert "expect_column_mean_to_be_between(_unseen_item)" in summary.message
+    assert summary.message == (
+        "batch rejected: 100.0% of its events name items the store has never seen (limit "
+        "ingest.max_unseen_item_share = 0.5; raise it if that many new items are expected)"), summary.message
 
 
 # ------------------------------------------------------------------------------------------------- CLI
