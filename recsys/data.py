@@ -153,6 +153,9 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
     """Generic CSV, Parquet or JSON lines (the readers ingest uses); `mapping` maps canonical column names
     to the source's column names."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path} is a folder: name one file (CSV, JSON lines or Parquet); import the "
+                        "largest and ingest the others as batches")
     if not path.is_file():
         raise DataError(f"{path} not found")
     try:

@@ -132,6 +132,15 @@ def test_a_seed_import_gets_the_row_checks_of_a_batch_and_a_refusal_keeps_the_st
     assert read_store(store).equals(before)
 
 
+def test_a_seed_import_of_a_folder_says_it_is_one(monkeypatch, capsys, tmp_path):
+    (tmp_path / "export.parquet").mkdir()
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(tmp_path / "export.parquet"),
+                           "--out", str(tmp_path / "data"), *MAPPING)
+    assert code == 1
+    assert_one_line_error(err, "export.parquet is a folder: name one file")  # it said "not found"
+    assert not (tmp_path / "data").exists()
+
+
 def test_a_seed_import_keeps_a_repeated_event_once(monkeypatch, capsys, tmp_path):
     from recsys.store import read_store
 

@@ -11,6 +11,8 @@ from recsys.ingest.errors import BatchRejected
 from recsys.layout import SCRATCH
 from recsys.workspace import STATE_DIR
 
+PROCESSED, REJECTED = "processed", "rejected"  # where a run files its batches, inside the inbox
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -56,12 +58,13 @@ def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None 
 
 
 def inbox_files(where: Paths) -> list[Path]:
-    """The batches waiting in the inbox, sorted by name (hidden files and the filing folders are not)."""
+    """The batches waiting in the inbox, sorted by name (hidden files and the filing folders are not). A
+    folder counts, to be refused (`check_inside_inbox`): skipped, it would wait there unread for ever while
+    every run said the inbox was empty."""
     if not where.inbox.is_dir():
         return []
-    return sorted(
-        p for p in where.inbox.iterdir() if not p.name.startswith(".") and (p.is_file() or p.is_symlink())
-    )
+    return sorted(p for p in where.inbox.iterdir()
+                  if not p.name.startswith(".") and not (p.is_dir() and p.name in (PROCESSED, REJECTED)))
 
 
 def needs_recovery(where: Paths) -> bool:
@@ -89,6 +92,9 @@ def check_inside_inbox(path: Path, inbox: Path) -> Path:
     resolved = Path(path).resolve()
     if not resolved.is_relative_to(inbox):
         raise BatchRejected(f"{path} is outside the inbox {inbox}; copy the file into the inbox first")
+    if resolved.is_dir():
+        raise BatchRejected(f"{path} is a folder: ingest reads one file per batch (CSV, JSON lines or "
+                            "Parquet); move its files into the inbox one by one and remove the folder")
     if not resolved.is_file():
         raise BatchRejected(f"{path} does not exist or is not a regular file")
     return resolved

@@ -127,8 +127,9 @@ def _table_failure(outcome: validation.ExpectationOutcome, config: IngestConfig)
     numbers, for one this does not know)."""
     if outcome.column in _SHARES and isinstance(outcome.observed, (int, float)):
         what, setting = _SHARES[outcome.column]
-        return (f"{float(outcome.observed):.1%} of its events name {what} the store has never seen (limit "
-                f"ingest.{setting} = {getattr(config, setting)}; raise it if that many new {what} are expected)")
+        return (f"{float(outcome.observed):.1%} of its events name {what} the store has never seen "
+                f"(limit ingest.{setting} = {getattr(config, setting)}; raise it if that many new {what} "
+                "are expected)")
     return outcome.describe()
 
 

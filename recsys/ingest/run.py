@@ -15,7 +15,7 @@ from recsys.config import IngestConfig
 from recsys.ingest.commit import commit, mark_push_pending
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
-from recsys.ingest.layout import Paths, check_inside_inbox, file_sha256, inbox_files
+from recsys.ingest.layout import PROCESSED, REJECTED, Paths, check_inside_inbox, file_sha256, inbox_files
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
@@ -25,7 +25,6 @@ from recsys.workspace import workspace_lock
 
 log = logging.getLogger(__name__)
 
-PROCESSED, REJECTED = "processed", "rejected"  # where `move` files batches, inside the inbox
 
 
 class IngestRun(list):

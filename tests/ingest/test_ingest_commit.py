@@ -134,6 +134,30 @@ def test_a_batch_named_like_a_filed_one_keeps_both(tmp_path):
     assert len(list((inbox / "processed").iterdir())) == 2
 
 
+def test_a_folder_in_the_inbox_is_refused_each_run_not_skipped_as_an_empty_inbox(tmp_path):
+    """A Parquet dataset folder (`export.parquet/part-0.parquet`) was passed over: "nothing to ingest", exit 0,
+    night after night."""
+    from recsys.ingest.layout import has_work
+    from recsys.ingest.layout import paths as ingest_paths
+
+    repo = make_repo(tmp_path / "repo")
+    params = repo / "params.yaml"
+    params.write_text("ingest:\n  dvc_push: false\n")
+    folder = repo / "inbox" / "export.parquet"
+    write_frame(folder / "part-0.csv", events(3))
+    assert has_work(ingest_paths(repo, CFG))
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["--params", str(params)])
+        assert result.exit_code == 1 and "nothing to ingest" not in result.output, result.output
+        assert "export.parquet is a folder: ingest reads one file per batch" in result.output, result.output
+        assert (folder / "part-0.csv").is_file()  # not moved, not read: the person decides
+    write_frame(repo / "inbox" / "part-0.csv", events(3))
+    (folder / "part-0.csv").unlink()
+    folder.rmdir()
+    result = CliRunner().invoke(app, ["--params", str(params)])
+    assert result.exit_code == 0 and "part-0.csv: ingested 3 rows" in result.output, result.output
+
+
 def test_cli_without_paths_ingests_the_inbox(tmp_path):
     repo = make_repo(tmp_path / "repo")
     params = repo / "params.yaml"
