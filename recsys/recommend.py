@@ -279,8 +279,11 @@ def answer(
     fallback_reason = None
     if not champion.is_baseline:
         if user is not None and user not in known_users:
-            fallback_reason = (f"user {user!r} is unknown to champion v{champion.version} "
-                               "(trained before they arrived)")
+            fallback_reason = (
+                f"user {user!r} arrived after champion v{champion.version} was trained"
+                if prepared is not None and prepared.user_history(user, None) is not None else
+                f"user {user!r} is not in the prepared dataset (new, or with fewer events than prepare's "
+                "minimum; their items are not known to be excluded)")
         elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input
             until = f" up to {at}" if at else ""
             fallback_reason = (

@@ -74,11 +74,28 @@ def test_a_user_the_champion_never_saw_gets_popularity_from_the_baseline(tmp_pat
         answer = recommend_json(params_path, "--user", user, "-k", "3")
         assert answer["source"] == "popularity_fallback", answer
         assert answer["model_version"] == 1 and answer["champion_version"] == 2
-        assert f"user {user!r} is unknown to champion v2" in answer["reason"]
+        # Neither is in the prepared dataset: "trained before they arrived" was a guess (a user prepare's
+        # filters dropped is older than the champion).
+        assert f"user {user!r} is not in the prepared dataset (new, or with fewer events" in answer["reason"]
         assert answer["user"] == user and answer["history"] is None
         assert [r["item_id"] for r in answer["recommendations"]] == ["m1", "m2", "m3"]
     text = invoke(recommend_app, "--user", "zed", "--params", str(params_path))
-    assert text.exit_code == 0 and "[popularity_fallback]" in text.output and "unknown to champion v2" in text.output
+    assert (text.exit_code == 0 and "[popularity_fallback]" in text.output
+            and "'zed' is not in the prepared dataset" in text.output)
+
+
+def test_a_user_of_the_dataset_newer_than_the_champion_gets_popularity_without_their_items(tmp_path):
+    params_path = write_params(tmp_path)
+    _prepared(tmp_path)  # alice saw m1 then m3; bob saw m4
+    with open_from(params_path) as reg:
+        base = mostpop_checkpoint(tmp_path, "base", BASELINE_COUNTS, ["alice", "bob"])
+        assert reg.install_baseline(base, make_eval(-0.15, seed=1), dataset_version="d1") == 1
+        champ = mostpop_checkpoint(tmp_path, "champ", CHAMPION_COUNTS, ["alice"])  # trained before bob came
+        assert reg.promote(champ, make_eval(0.0, seed=2)).promoted
+    answer = recommend_json(params_path, "--user", "bob", "-k", "4")
+    assert answer["source"] == "popularity_fallback"
+    assert "user 'bob' arrived after champion v2 was trained" in answer["reason"]
+    assert [r["item_id"] for r in answer["recommendations"]] == ["m1", "m2", "m3"]  # four asked: m4 is his
 
 
 def test_history_is_scored_by_the_champion_and_unknown_items_are_skipped_and_reported(tmp_path):
