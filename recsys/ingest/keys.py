@@ -5,8 +5,10 @@ whole store for that makes every batch O(store). The index answers the same ques
 store): a SQLite file (`.ingest/keys.sqlite`, local state, never versioned) with users and items as
 integers and the event keys as a clustered primary key. Memory stays bounded by SQLite's page cache.
 
-The index is derived from the store and can always be rebuilt from it: it records which parts (name and
-size) it covers, `sync` indexes parts it has not seen (the seed part, a part whose commit crashed before
+The index is derived from the store and can always be rebuilt from it: it records which parts it covers
+(name, size, and a hash of the file's tail, which holds the Parquet footer with its row groups' statistics:
+a part rewritten under its own name at the same size — a re-imported seed — is noticed without reading it),
+`sync` indexes parts it has not seen (the seed part, a part whose commit crashed before
 the index was updated) and rebuilds from scratch when a covered part changed or vanished (a `dvc checkout`
 of another data version). Keys of a new part are added after its manifest line, so the index never holds
 keys of a part that a rollback could remove.
@@ -31,11 +33,12 @@ from recsys.schema import ITEM, TIMESTAMP, USER
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "keys.sqlite"
-_SCHEMA_VERSION = "1"
+_SCHEMA_VERSION = "2"  # 2: parts are recognised by `_fingerprint`, not by their size alone
+_TAIL_BYTES = 1 << 16
 _CHUNK_ROWS = 500_000  # rows per read while indexing a part: bounds memory for a 10M-row seed part
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS parts(name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS parts(name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, rows INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS users(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS events(
@@ -94,15 +97,14 @@ class KeyIndex:
                 frame = batch.to_pandas()
                 rows += len(frame)
                 self._add_keys(frame)
-            self.db.execute(
-                "INSERT OR REPLACE INTO parts VALUES (?, ?, ?)", (path.name, path.stat().st_size, rows)
-            )
+            self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?)",
+                            (path.name, _fingerprint(path), rows))
 
     def sync(self, store_dir: Path) -> list[str]:
         """Bring the index in line with the parts on disk; returns the names of the parts it indexed."""
         on_disk = {p.name: p for p in raw_store.list_parts(store_dir)}
-        covered = dict(self.db.execute("SELECT name, bytes FROM parts").fetchall())
-        changed = [n for n, size in covered.items() if n not in on_disk or on_disk[n].stat().st_size != size]
+        covered = dict(self.db.execute("SELECT name, fingerprint FROM parts").fetchall())
+        changed = [n for n, seen in covered.items() if n not in on_disk or _fingerprint(on_disk[n]) != seen]
         if changed:
             log.warning("key index: %d indexed part(s) changed or vanished (e.g. %s); rebuilding it",
                         len(changed), changed[0])
@@ -164,6 +166,17 @@ class KeyIndex:
             self.db.execute(f"DROP TABLE temp.{name}")
 
 
+def _fingerprint(path: Path) -> str:
+    """A part's size and the sha256 of its last 64 KiB (the Parquet footer: schema, row groups, column
+    statistics): O(1) per part, so `sync` stays O(batch) whatever the store's size."""
+    import hashlib
+
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        handle.seek(max(0, size - _TAIL_BYTES))
+        return f"{size}:{hashlib.sha256(handle.read()).hexdigest()}"
+
+
 @contextmanager
 def open_index(state_dir: Path) -> Iterator[KeyIndex]:
     """The index in `state_dir` (created when missing). Call only while holding the workspace lock."""
@@ -176,6 +189,12 @@ def open_index(state_dir: Path) -> Iterator[KeyIndex]:
         db.execute("PRAGMA cache_size=-32768")  # 32 MiB page cache: bounds memory at any store size
         db.execute("PRAGMA temp_store=MEMORY")
         db.executescript(_SCHEMA)
+        found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        if found is not None and found[0] != _SCHEMA_VERSION:  # an older layout: derived data, so rebuild it
+            log.warning("key index: schema %s, this version reads %s; rebuilding it", found[0],
+                        _SCHEMA_VERSION)
+            db.executescript("DROP TABLE parts; DROP TABLE users; DROP TABLE items; DROP TABLE events; "
+                             "DELETE FROM meta;" + _SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
         yield KeyIndex(db)
     finally:

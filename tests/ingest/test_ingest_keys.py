@@ -49,3 +49,36 @@ def test_index_matches_the_store_and_is_rebuilt_when_the_store_changes_under_it(
     (repo / ".ingest" / INDEX_FILE).unlink()
     [again] = ingest_batches([write_frame(repo / "inbox" / "3.csv", first.iloc[::-1])], repo, CFG)
     assert (again.rows_accepted, again.rows_duplicate) == (0, 10)
+
+
+def test_a_part_rewritten_at_the_same_size_is_noticed_and_an_older_index_is_rebuilt(tmp_path):
+    """Parts were recognised by name and size: a re-imported seed of another dataset with the same byte count
+    (here users u* renamed v*: 1,380 bytes both) kept the old seed's keys, so dedup and the unseen shares
+    answered for data no longer stored."""
+    import sqlite3
+
+    from recsys.data import SEED_PART, write_table
+
+    repo = make_repo(tmp_path / "repo")
+    seed = repo / "data" / "interactions" / SEED_PART
+    old, new = events(10), events(10).assign(user_id=lambda f: f.user_id.str.replace("u", "v"))
+    write_table(old, seed)
+    with open_index(repo / ".ingest") as index:
+        assert index.sync(repo / "data") == [SEED_PART] and index.seen(old).all()
+    size = seed.stat().st_size
+    write_table(new, seed)
+    assert seed.stat().st_size == size  # the case: same name, same size, other rows
+    with open_index(repo / ".ingest") as index:
+        assert index.sync(repo / "data") == [SEED_PART]
+        assert index.seen(new).all() and not index.seen(old).any()
+        assert index.sync(repo / "data") == []  # and unchanged parts are not read again
+
+    # An index written by the previous version (schema 1: parts by size) is rebuilt, not misread.
+    db = sqlite3.connect(repo / ".ingest" / INDEX_FILE)
+    db.executescript("DROP TABLE parts; CREATE TABLE parts(name TEXT PRIMARY KEY, bytes INTEGER NOT NULL, "
+                     f"rows INTEGER NOT NULL); INSERT INTO parts VALUES ('{SEED_PART}', {size}, 10); "
+                     "UPDATE meta SET value = '1' WHERE key = 'schema';")
+    db.close()
+    with open_index(repo / ".ingest") as index:
+        assert index.sync(repo / "data") == [SEED_PART] and index.seen(new).all()
+
