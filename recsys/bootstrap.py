@@ -14,7 +14,7 @@ import yaml
 
 from recsys.faults import fault_point
 from recsys.layout import Layout
-from recsys.workspace import run_dvc, workspace_lock
+from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
 
 SEED_FILES = 2  # what `recsys.data.write_store` writes: the seed part and items.csv
 
@@ -24,8 +24,8 @@ class BootstrapError(RuntimeError):
 
 
 def _remove_seed(paths: Layout) -> None:
-    """Undo a generated seed that `dvc add` did not record: what `write_store` writes (the interactions folder,
-    which held no part before it, and items.csv), then the marker that says so."""
+    """Undo a generated seed that `dvc add` did not record: what `write_store` writes (the interactions
+    folder, which held no part before it, and items.csv), then the marker that says so."""
     import shutil
 
     shutil.rmtree(paths.data / "interactions", ignore_errors=True)
@@ -69,7 +69,7 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
                 return "raw store pulled from the DVC remote"
         recorded = _recorded_files(paths.data_dvc)
         if recorded is not None and recorded > SEED_FILES:
-            why = ((pulled.stderr or pulled.stdout).strip().splitlines() or ["no output"])[-1] if pulled else ""
+            why = dvc_error_line(pulled.stderr or pulled.stdout) if pulled else ""
             raise BootstrapError(
                 f"{paths.data_dvc.name} records {recorded} files of ingested data that `dvc pull` could not "
                 f"fetch ({why}); point DVC at the remote that holds them (`dvc remote list`) and run `dvc pull`"

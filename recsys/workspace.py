@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,17 +42,37 @@ class StageError(DvcError):
     transient = False
 
 
+def dvc_error_line(output: str) -> str:
+    """DVC's own sentence from a failed command's output — its first `ERROR:` line, else the last line that is
+    not its "Having any troubles?" hint — as one line (`run_dvc` logs the whole output at debug level:
+    `--verbose`)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[0][:400]
+    told = [line for line in lines if not line.startswith("Having any troubles?")]
+    return told[-1][:400] if told else "no output"
+
+
+# The last line of a Python traceback: the exception a crashed stage died of.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
 def stage_error(args: tuple[str, ...], output: str) -> DvcError:
-    """The error for a failed `dvc` run: a stage's one-line `error:` (a user error it reported), or the tail."""
+    """The error for a failed `dvc` run, in one line: a stage's `error:` line (a user error it reported), or
+    DVC's sentence (with the exception a crashed stage died of)."""
     lines = output.splitlines()
     stage_lines = [line[len("error: "):] for line in lines if line.startswith("error: ")]
     failed = [line for line in lines if "failed to reproduce" in line]
     if stage_lines:
         stage = failed[-1].split("'")[1] if failed and "'" in failed[-1] else "a stage"
         return StageError(f"{stage}: {stage_lines[-1]}")
+    said = f"`dvc {' '.join(args)}` failed: {dvc_error_line(output)}"
     if failed:
-        return StageError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
-    error = DvcError(f"`dvc {' '.join(args)}` failed:\n{output.strip()[-2000:]}")
+        died = [line.strip() for line in lines if _EXCEPTION_LINE.match(line.strip())]
+        return StageError(said + (f" ({died[-1][:300]})" if died else "")
+                          + "; run with --verbose (RECSYS_VERBOSE=1 for `dvc repro`) for its traceback")
+    error = DvcError(said)
     error.transient = dvc_may_pass(output)
     return error
 
@@ -98,8 +119,9 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
             watch()
         reader.join(timeout=10)
         done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
-    if check and done.returncode != 0:
+    if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
         log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
+    if check and done.returncode != 0:
         raise stage_error(args, f"{done.stdout}\n{done.stderr}")
     return done
 

@@ -36,9 +36,15 @@ def test_a_stage_error_line_becomes_the_one_message_and_is_not_transient(dvc_rep
     assert str(caught.value) == "fails: 5-core filter kept 0 of 9 events"
     assert caught.value.transient is False
 
-    with pytest.raises(StageError) as crashed:  # no error line of its own: DVC's output, still deterministic
+    with pytest.raises(StageError) as crashed:  # no error line of its own: DVC's sentence, deterministic
         run_dvc(dvc_repo, "repro", "crashes")
     assert "failed to reproduce 'crashes'" in str(crashed.value) and crashed.value.transient is False
+    assert "\n" not in str(crashed.value) and "Having any troubles" not in str(crashed.value)
+    write_stages(dvc_repo, raises="raise KeyError('no such column')\n")
+    with pytest.raises(StageError) as bug:  # a stage's bug: its exception, and where the traceback is
+        run_dvc(dvc_repo, "repro", "raises")
+    assert "\n" not in str(bug.value) and "(KeyError: 'no such column')" in str(bug.value), str(bug.value)
+    assert "run with --verbose" in str(bug.value)
 
 
 @dvc_slow
@@ -55,6 +61,8 @@ def test_other_dvc_failures_are_transient(dvc_repo):
     with pytest.raises(DvcError) as caught:
         run_dvc(dvc_repo, "pull", "nothing.dvc")
     assert not isinstance(caught.value, StageError) and caught.value.transient is True
+    message = str(caught.value)
+    assert message.startswith("`dvc pull nothing.dvc` failed: ERROR: ") and "\n" not in message
 
 
 @dvc_slow

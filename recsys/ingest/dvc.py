@@ -26,7 +26,7 @@ def dvc_add(paths: Paths) -> str | None:
     result = workspace.run_dvc(paths.root, "add", str(paths.store.relative_to(paths.root)), check=False)
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
-        raise DvcAddFailed(f"`dvc add {paths.store.name}` failed: {output[-800:]}",
+        raise DvcAddFailed(f"`dvc add {paths.store.name}` failed: {workspace.dvc_error_line(output)}",
                            transient="Unable to acquire lock" in output)
     return data_version(paths)
 
@@ -38,10 +38,7 @@ def dvc_push(paths: Paths) -> PushFailure | None:
     result = workspace.run_dvc(paths.root, "push", paths.dvc_file.name, check=False)
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
-        lines = output.splitlines() or ["no output"]
-        # DVC's own sentence, not its hint
-        line = next((x for x in lines if x.startswith("ERROR:")), lines[-1])
-        return PushFailure(f"`dvc push {paths.dvc_file.name}` failed ({line.strip()[:300]})",
+        return PushFailure(f"`dvc push {paths.dvc_file.name}` failed ({workspace.dvc_error_line(output)})",
                            transient=workspace.dvc_may_pass(output))
     return None
 

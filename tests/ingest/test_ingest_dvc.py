@@ -101,3 +101,65 @@ def test_killed_subprocess_after_part_write_is_completed_by_the_next_run(dvc_rep
     assert records(repo)[-1]["data_version"] == dvc_md5(repo) != version_before
     status = run([str(VENV_BIN / "dvc"), "status", "data.dvc"], repo)
     assert "up to date" in status
+
+
+def _killed_at(repo, fault, path):
+    """Ingest `path` in a child process that dies (like kill -9) at `fault`."""
+    code = (
+        "from recsys.ingest import ingest_batches; from recsys.config import IngestConfig;"
+        "cfg = IngestConfig(dvc_push=False, max_unseen_item_share=1.0);"
+        f"ingest_batches([{str(path)!r}], {str(repo)!r}, cfg)"
+    )
+    env = dict(os.environ, RECSYS_FAULT=fault, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
+
+
+def test_killed_after_dvc_add_is_recorded_by_the_next_run_never_undone(dvc_repo):
+    """The window the README's guarantee names (data.dvc has the part, the manifest has no line), with real
+    DVC: the next run records the batch under the version data.dvc holds."""
+    repo = dvc_repo
+    ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
+    path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
+    killed = _killed_at(repo, "after_dvc_add", path)
+    assert killed.returncode == 1 and "injected fault at after_dvc_add" in killed.stderr, killed.stderr
+    assert len(records(repo)) == 1 and dvc_md5(repo) != records(repo)[0]["data_version"]
+    summary = ingest.ingest_batches([path], repo, CFG)[0]
+    assert summary.status == "duplicate_batch", summary.message
+    assert [r["source"] for r in records(repo)] == ["b1.csv", "b2.csv"]
+    assert records(repo)[-1]["data_version"] == dvc_md5(repo) and len(read_store(repo / "data")) == 20
+    assert "up to date" in run([str(VENV_BIN / "dvc"), "status", "data.dvc"], repo)
+
+
+def test_prepare_stops_before_reading_when_it_cannot_complete_an_interrupted_commit(dvc_repo):
+    """A part written but not recorded, and a `dvc add` that fails when `prepare`'s recovery tries to
+    complete it: one line saying to run `recsys ingest`, exit 1, nothing prepared; `recsys ingest` then
+    completes it. (DVC's multi-line output, its support hint included, used to be pasted into that line.)"""
+    import shutil
+
+    repo = dvc_repo
+    (repo / "params.yaml").write_text("ingest:\n  dvc_push: false\n  max_unseen_item_share: 1.0\n")
+    ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
+    path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
+    assert _killed_at(repo, "after_part_write", path).returncode == 1
+    cache = repo / ".dvc" / "cache"
+    moved = repo.parent / "cache-aside"
+    shutil.move(cache, moved)
+    cache.write_text("a file where DVC's cache folder should be")  # `dvc add` fails for real
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    env.pop("RECSYS_FAULT", None)
+    stage = subprocess.run([sys.executable, "-m", "recsys.prepare"], cwd=repo, env=env, capture_output=True,
+                           text=True)
+    lines = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]
+    assert stage.returncode == 1 and "Traceback" not in stage.stderr, stage.stderr
+    assert len(lines) == 1, stage.stderr
+    assert "was written but not recorded, and completing it failed" in lines[0], stage.stderr
+    assert "run `recsys ingest` (it completes interrupted commits), then retry" in lines[0], stage.stderr
+    assert not (repo / "artifacts" / "prepared").exists()
+    cache.unlink()
+    shutil.move(moved, cache)
+    result = subprocess.run([str(VENV_BIN / "recsys"), "ingest"], cwd=repo, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "was written but not recorded; completed it" in result.stdout, (
+        result.stdout + result.stderr)
+    assert records(repo)[-1]["data_version"] == dvc_md5(repo) and len(read_store(repo / "data")) == 20
+
