@@ -147,6 +147,17 @@ def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_har
     assert len(curve) == 2  # header + exactly one epoch
     assert "train@sasrec" in summary["stages_run"]
 
+    # Resume state of an interrupted run goes once the model's outputs are complete, also when DVC restored
+    # them from its run-cache (the stage never ran, so the trainer could not clear it).
+    assert "train@sasrec" in retrain(repo_root=str(repo), epochs=2, models=["sasrec"])["stages_run"]
+    stale = repo / ".resume" / f"sasrec-{'0' * 20}"
+    stale.mkdir(parents=True)
+    (stale / "state.json").write_text("{}")
+    restored = retrain(repo_root=str(repo), epochs=1, models=["sasrec"])
+    assert "train@sasrec" not in restored["stages_run"]  # checked out from the run-cache
+    assert len((repo / "plots" / "sasrec.csv").read_text().strip().splitlines()) == 2  # the 1-epoch curve
+    assert not stale.exists()
+
 
 def test_a_run_killed_after_an_epochs_override_repro_has_params_put_back_by_the_next_run(tmp_path):
     """Killed after `dvc repro --epochs 1` but before the override's exit: dvc.lock matches the rewritten
