@@ -105,25 +105,53 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
 
     `watch()` is called every `interval` seconds while it runs (the retrain flow reports training progress
     this way); stdout and stderr then arrive merged, in order, in `stdout`.
+
+    DVC and the stages it runs are a process group of their own, stopped with this call: when the caller is
+    interrupted (Ctrl-C, or the SIGTERM of a cancelled Prefect run, which Prefect raises as an exception),
+    none of them is left running — holding DVC's locks and training on — after the run that started them.
     """
-    if watch is None:
-        done = subprocess.run(dvc_command(*args), cwd=root, env=subprocess_env(), capture_output=True, text=True)
-    else:
-        proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-        reader.start()
-        while proc.poll() is None:
-            time.sleep(interval)
-            watch()
-        reader.join(timeout=10)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), "")
+    merged = watch is not None
+    proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        if not merged:
+            stdout, stderr = proc.communicate()
+        else:
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+            reader.start()
+            while proc.poll() is None:
+                time.sleep(interval)
+                watch()
+            reader.join(timeout=10)
+            stdout, stderr = "".join(lines), ""
+    finally:
+        if proc.poll() is None:
+            stop_process_group(proc)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
         log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
     if check and done.returncode != 0:
         raise stage_error(args, f"{done.stdout}\n{done.stderr}")
     return done
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """Stop the process group `proc` leads (started in a session of its own): SIGTERM to all of it, up to
+    `grace` seconds for `proc` to end, then SIGKILL to whatever of the group is left."""
+    import signal
+
+    def signal_group(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # (none of the group is left)
+            os.killpg(proc.pid, sig)
+
+    signal_group(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    signal_group(signal.SIGKILL)
+    proc.wait()
+    log.warning("stopped dvc (pid %d) and the stages it was running", proc.pid)
 
 
 LOCK_HOLDER_ENV = "RECSYS_WORKSPACE_LOCK_HOLDER"  # "<pid>:<state dir>" while a process holds the lock

@@ -3,8 +3,10 @@ raw-store bootstrap — with real `dvc` in throw-away repositories."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -45,6 +47,64 @@ def test_a_stage_error_line_becomes_the_one_message_and_is_not_transient(dvc_rep
         run_dvc(dvc_repo, "repro", "raises")
     assert "\n" not in str(bug.value) and "(KeyError: 'no such column')" in str(bug.value), str(bug.value)
     assert "run with --verbose" in str(bug.value)
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended
+
+
+@dvc_slow
+@pytest.mark.parametrize(("sig", "watch"), [("SIGTERM", True), ("SIGINT", False)])
+def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo, tmp_path, sig, watch):
+    """A cancelled Prefect run (SIGTERM, which Prefect's flow engine raises as an exception) or Ctrl-C: the
+    `dvc repro` it started and the stage that one runs went on training after the run ended, holding DVC's
+    lock, so the next run failed on it."""
+    import signal
+    import subprocess
+    import time
+
+    started = tmp_path / "stage.pid"
+    write_stages(dvc_repo, slow=f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text("
+                                "str(os.getpid()))\ntime.sleep(600)\n")
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "def terminated(*_): raise SystemExit(143)  # as Prefect's bridge raises TerminationSignal\n"
+        "signal.signal(signal.SIGTERM, terminated)\n"
+        "from recsys.workspace import run_dvc\n"
+        f"run_dvc(Path('.'), 'repro', 'slow'{', watch=lambda: None, interval=0.2' if watch else ''})\n")],
+        cwd=dvc_repo)
+    deadline = time.monotonic() + 300
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stage = int(started.read_text())
+    group = os.getpgid(stage)
+    assert group != os.getpgid(caller.pid)  # dvc and its stage, in a group of their own ...
+    dvc_pids = [pid for pid in _pids() if _group(pid) == group]
+    assert stage in dvc_pids and len(dvc_pids) >= 2  # ... (dvc, the stage's shell or python)
+    os.kill(caller.pid, getattr(signal, sig))
+    caller.wait(timeout=120)
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in dvc_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in dvc_pids if _alive(pid)]
+    done = run_dvc(dvc_repo, "status")  # and DVC's lock is free for the next run
+    assert done.returncode == 0
 
 
 @dvc_slow
