@@ -66,8 +66,13 @@ def unreachable_server(err: BaseException) -> str | None:
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        url = get_current_settings().api.url
+        refused = (isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == 404
+                   or isinstance(cause, RuntimeError) and str(cause).startswith("Failed to reach API at"))
+        if refused and url and not str(url).rstrip("/").endswith("/api"):  # a server, but not its API
+            return (f"error: PREFECT_API_URL={url} reaches a server but not its API ({_short(cause)}): the "
+                    f"API is under /api, e.g. PREFECT_API_URL={str(url).rstrip('/')}/api")
         if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
-            url = get_current_settings().api.url
             if not url:  # Prefect's temporary server (no PREFECT_API_URL) did not come up
                 return (f"error: Prefect's temporary API server did not answer ({cause}): start one with "
                         "`prefect server start` and set PREFECT_API_URL to it")
@@ -75,6 +80,10 @@ def unreachable_server(err: BaseException) -> str | None:
                     "running, and is PREFECT_API_URL its address?")
         cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return None
+
+
+def _short(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0][:200]
 
 
 def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:

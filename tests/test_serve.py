@@ -68,3 +68,38 @@ def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
     assert line.startswith(f"error: cannot reach the Prefect server at {url} (")  # (the refusal, as httpx says it)
     assert line.endswith("): is `prefect server start` running, and is PREFECT_API_URL its address?")
     assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("module", ["serve", "retrain"])
+def test_a_url_that_reaches_a_server_but_not_its_api_is_one_line_saying_so(tmp_path, module):
+    """PREFECT_API_URL without its /api (`http://127.0.0.1:4200`, the UI's address): a server answers 404 to
+    every API call; it was a 21-frame traceback (serve) or "RuntimeError: Failed to reach API" (the flows)."""
+    import http.server
+    import threading
+
+    class NotTheApi(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (the UI's server: pages, but no API under this path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_POST = do_PATCH = do_PUT = do_DELETE = do_GET  # noqa: N815
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotTheApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path), "DO_NOT_TRACK": "1"}
+    repo = [] if module == "serve" else ["--repo-root", str(tmp_path / "repo")]
+    try:
+        done = subprocess.run([sys.executable, "-m", f"flows.{module}", *repo], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        server.shutdown()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: PREFECT_API_URL={url} reaches a server but not its API (")
+    assert line.endswith(f"): the API is under /api, e.g. PREFECT_API_URL={url}/api")
+    assert not (tmp_path / "repo").exists()
+
