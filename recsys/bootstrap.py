@@ -64,7 +64,8 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             return "raw store present"
         pulled = None
         if paths.data_dvc.is_file():
-            pulled = run_dvc(root, "pull", paths.data_dvc.name, "--quiet", check=False)
+            # (never --quiet on a DVC command: it hides DVC's ERROR line, the one our error quotes)
+            pulled = run_dvc(root, "pull", paths.data_dvc.name, check=False)
             if pulled.returncode == 0 and store_has_data(root):
                 return "raw store pulled from the DVC remote"
         recorded = _recorded_files(paths.data_dvc)
@@ -87,7 +88,7 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
         try:
             write_store(generated, paths.data)
             fault_point("seed_written")
-            run_dvc(root, "add", paths.data.name, "--quiet")
+            run_dvc(root, "add", paths.data.name)
             # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
             # (DvcError, one line at the entry point) and the next ingest run, which sees the marker, pushes
             # the seed first. (After the add: a marker without data.dvc has nothing to push.)
@@ -98,6 +99,6 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             _remove_seed(paths)
             raise
         paths.seeding.unlink()
-        run_dvc(root, "push", paths.data_dvc.name, "--quiet")
+        run_dvc(root, "push", paths.data_dvc.name)
         where.push_marker.unlink()
     return "generated the default dataset into data/ and versioned it with DVC"
