@@ -188,7 +188,33 @@ def work_order(root: Path, model: str, commit: str) -> WorkOrder:
     if warm_source_file(model) not in files:
         raise ConfigError(f"{root / warm_source_file(model)} is missing: run `recsys warm` (the retrain flow "
                           "does) before fanning out")
+    if PARAMS in files:
+        files[PARAMS] = without_registry_password(files[PARAMS])
     return WorkOrder(model=model, commit=commit, files=files)
+
+
+def without_registry_password(params_text: str) -> str:
+    """params.yaml as shipped in a work order — stored by the Prefect server with the run's parameters and
+    shown in its UI — with `registry.url`'s password replaced by `***`: workers never open the registry,
+    and no stage reads the `registry` section (the rest of the text, comments too, is kept byte for byte)."""
+    url = ((yaml.safe_load(params_text) or {}).get("registry") or {}).get("url")
+    if not isinstance(url, str):
+        return params_text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return params_text  # not a URL the registry could open either: it says so where it is opened
+    if parsed.password is None:
+        return params_text
+    hidden = parsed.render_as_string(hide_password=True)
+    if url in params_text:
+        return params_text.replace(url, hidden)
+    data = yaml.safe_load(params_text)  # the URL is written in a way that differs from its value (escapes)
+    data["registry"]["url"] = hidden
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def stale_models(root: Path, models: list[str]) -> list[str]:

@@ -131,6 +131,25 @@ def test_work_order_needs_a_prepare_entry_and_ships_params_and_lock(tmp_path):
     assert order.files["params.yaml"] == "models: [sasrec]\n" and order.files[WARM] == '{"source": null}\n'
 
 
+def test_a_work_order_never_carries_the_registry_password(tmp_path):
+    """The team setup's `registry.url: postgresql+psycopg://recsys:PW@...` reached every worker run's
+    parameters, which the Prefect server stores and its UI shows; the rest of params.yaml ships as it is."""
+    text = ("models: [sasrec]  # a comment\nregistry:\n  url: postgresql+psycopg://recsys:s3cr%40t@db.internal/recsys"
+            "\n  artifact_root: /mnt/shared\ntrain:\n  epochs: 3\n")
+    (tmp_path / "params.yaml").write_text(text)
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": {"prepare": {"cmd": "x"}}}))
+    (tmp_path / WARM).parent.mkdir(parents=True)
+    (tmp_path / WARM).write_text('{"source": null}\n')
+    shipped = fanout.work_order(tmp_path, "sasrec", SHA).parameters()["files"]["params.yaml"]
+    assert "s3cr" not in shipped and "recsys:***@db.internal" in shipped
+    assert shipped == text.replace("s3cr%40t", "***")
+    for url in ("sqlite:///registry/registry.db", "postgresql+psycopg://recsys@db/recsys"):  # no password
+        plain = f"registry:\n  url: {url}\n"
+        assert fanout.without_registry_password(plain) == plain
+    quoted = 'registry: {url: "postgresql://u:p\\x41w@h/d"}\n'  # the value is not the text: YAML again
+    assert yaml.safe_load(fanout.without_registry_password(quoted))["registry"]["url"] == "postgresql://u:***@h/d"
+
+
 def test_head_commit_outside_git_is_a_user_error(tmp_path):
     with pytest.raises(ConfigError, match="git checkout"):
         fanout.head_commit(tmp_path)
