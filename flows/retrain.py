@@ -178,7 +178,9 @@ def retrain(
         logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]
     stale = stale_stages(str(root), targets)
-    logger.info("stale stages: %s", ", ".join(stale) or "none")
+    logger.info("stale stages: %s%s", ", ".join(stale) or "none",
+                f" (--epochs {epochs} retrains every selected model)" if epochs is not None else
+                " (--force reruns every selected model)" if force else "")
     ran = []
     if stale or force or epochs is not None:
         ran = (fan_out_stages(str(root), selected, fan_out, epochs, force, fan_out_idle_minutes) if fan_out
