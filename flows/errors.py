@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any, Callable
 
-from recsys.entry import VERBOSE_ENV, error_line, is_transient, is_user_error
+from recsys.entry import VERBOSE_ENV, error_line, is_transient, is_user_error, verbose_requested
 
 
 def _exception_of(state: Any) -> BaseException | None:
@@ -47,8 +47,17 @@ def hide_user_error_tracebacks() -> None:
     hider = _HideUserErrorTracebacks()
     for name in ("", "prefect", "prefect.flow_runs", "prefect.task_runs"):
         for handler in logging.getLogger(name).handlers:
-            if isinstance(handler, logging.StreamHandler):
+            if isinstance(handler, logging.StreamHandler) and not any(
+                    isinstance(f, _HideUserErrorTracebacks) for f in handler.filters):
                 handler.addFilter(hider)
+
+
+def quiet_console() -> None:
+    """Each flow's first step: a user error is one line on the console of whatever process runs the flow —
+    a served deployment's or a worker's run process too, which `run_main` never sees — unless asked for
+    tracebacks (`--verbose`, RECSYS_VERBOSE=1)."""
+    if not verbose_requested():
+        hide_user_error_tracebacks()
 
 
 def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from flows.artifacts import publish_ingest
-from flows.errors import add_verbose_flag, retry_if_transient, run_main
+from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params
 from recsys.entry import ArgumentParser
@@ -75,6 +75,7 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
             must be an existing folder.
         repo_root: the repository (DVC workspace) to ingest into; its params.yaml is read.
     """
+    quiet_console()
     ingest_config(repo_root, inbox)  # a bad inbox is refused before anything runs
     logger = get_run_logger()
     bootstrap(repo_root)

@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.errors import add_verbose_flag, run_main
+from flows.errors import add_verbose_flag, quiet_console, run_main
 from flows.ingest import has_batches_or_unfinished_work, ingest, summarise
 from flows.retrain import add_fan_out_arguments, check_run_parameters, retrain
 from recsys.entry import ArgumentParser, positive_int
@@ -49,6 +49,7 @@ def pipeline(
         fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
     # before ingest: retrain would refuse them
+    quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
     if has_batches_or_unfinished_work(repo_root, inbox):
         ingested = ingest(inbox=inbox, repo_root=repo_root)

@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.artifacts import publish_decision, publish_retrain
-from flows.errors import add_verbose_flag, retry_if_transient, run_main
+from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, load_params
 from recsys.ingest.layout import needs_recovery
@@ -159,6 +159,7 @@ def retrain(
         fan_out_idle_minutes: with `fan_out`, give up (cancelling the runs still waiting) when no worker has
             taken any of the runs for this long; training itself is not time-limited.
     """
+    quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
     logger = get_run_logger()
     root = Path(repo_root).resolve()

@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from flows.errors import retry_if_transient
+from flows.errors import quiet_console, retry_if_transient
 from recsys import fanout
 
 
@@ -47,6 +47,7 @@ def train_model(model: str, commit: str, files: dict[str, str], repo_root: str =
             commit lacks).
         repo_root: the clean checkout (the deployment's pull step makes it the working directory).
     """
+    quiet_console()
     logger = get_run_logger()
     order = fanout.WorkOrder(model=model, commit=commit, files=files)
     root = str(Path(repo_root).resolve())

@@ -103,3 +103,22 @@ def test_a_url_that_reaches_a_server_but_not_its_api_is_one_line_saying_so(tmp_p
     assert line.endswith(f"): the API is under /api, e.g. PREFECT_API_URL={url}/api")
     assert not (tmp_path / "repo").exists()
 
+
+@pytest.mark.slow  # Prefect's temporary API server starts: ~20 s
+def test_a_user_error_in_a_flow_run_not_started_by_our_command_line_is_one_line_on_its_console(tmp_path):
+    """A served deployment's run (or a worker's) runs the flow in a process `run_main` never wraps: its
+    console printed two tracebacks for a ConfigError whose one line was already there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RECSYS_VERBOSE")}
+    env.update(PREFECT_HOME=str(tmp_path), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    code = ("from flows.retrain import retrain\n"
+            f"retrain(repo_root={str(tmp_path / 'repo')!r}, epochs=0, return_state=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Traceback" not in output and "epochs override must be a whole number ≥ 1" in output, output
+    env["RECSYS_VERBOSE"] = "1"  # asked for: the tracebacks are back
+    verbose = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+    assert "Traceback" in verbose.stdout + verbose.stderr
+
