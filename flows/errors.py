@@ -107,6 +107,8 @@ def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     import traceback
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
+    if not verbose:  # every API request at INFO (`flows.zombies` printed them as its output)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # the stages dvc runs print their tracebacks too
     else:

@@ -37,6 +37,8 @@ def cron_expression(text: str) -> str:
     from prefect.client.schemas.schedules import CronSchedule
 
     try:
+        if len(text.split()) != 5:  # Prefect's parser also takes a sixth (seconds) field
+            raise ValueError(text)
         CronSchedule(cron=text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a cron expression: {text!r} (five fields, e.g. "

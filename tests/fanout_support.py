@@ -126,7 +126,8 @@ def cluster(base: Path, params: dict, s3: S3Server) -> Iterator[Cluster]:
         sh(["prefect", "work-pool", "create", POOL, "--type", "process"], deployer, env)
         sh(["prefect", "--no-prompt", "deploy", "--prefect-file", "prefect-fanout.yaml", "--name",
             WORKER_DEPLOYMENT], deployer, {**env, "RECSYS_GIT_URL": f"file://{bare}"})
-        sh(["python", "-m", "flows.zombies", "--within", str(SILENT_SECONDS)], deployer, env)
+        said = sh(["python", "-m", "flows.zombies", "--within", str(SILENT_SECONDS)], deployer, env)
+        assert said.strip().splitlines()[-1].startswith("automation ") and "HTTP Request" not in said, said
         try:
             yield the
         finally:

@@ -23,7 +23,7 @@ def test_the_served_deployments_and_their_schedule():
     assert all(not d.schedules for d in served[1:])
 
 
-@pytest.mark.parametrize("bad", ["every night", "0 2 * *", "61 2 * * *", ""])
+@pytest.mark.parametrize("bad", ["every night", "0 2 * *", "61 2 * * *", "", "0 2 * * * *"])
 def test_a_bad_schedule_is_one_usage_line_before_anything_is_served(bad, capsys):
     from flows.serve import main
 
