@@ -104,8 +104,8 @@ MAPPING = ["--column", "user_id=uid", "--column", "item_id=sku", "--column", "ti
 
 @pytest.mark.parametrize(("rows", "says"), [
     ("", "0 data rows: a seed needs at least ingest.min_rows = 1"),
-    ("a,x,1704067200000\n", "1 of 1 rows fail the checks every ingested batch gets: 1 × timestamp before the "
-                             "configured floor or too far in the future"),  # milliseconds, not seconds
+    ("a,x,1704067200000\n", ("1 of 1 rows fail the checks every ingested batch gets: 1 × timestamp before "
+                              "the configured floor or too far in the future")),  # milliseconds, not seconds
     ("a,x,-5\nb,y,1704067200\n", "1 of 2 rows fail"),
     ("a,x,1704067200,like\n", "event is not one of ingest.allowed_events"),
 ])

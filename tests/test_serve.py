@@ -78,11 +78,11 @@ def test_a_url_that_reaches_a_server_but_not_its_api_is_one_line_saying_so(tmp_p
     import threading
 
     class NotTheApi(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802  (the UI's server: pages, but no API under this path)
+        def do_GET(self):  # the UI's server: pages, but no API under this path
             self.send_response(404)
             self.end_headers()
 
-        do_POST = do_PATCH = do_PUT = do_DELETE = do_GET  # noqa: N815
+        do_POST = do_PATCH = do_PUT = do_DELETE = do_GET
 
         def log_message(self, *args):  # quiet
             pass
@@ -112,8 +112,8 @@ def test_a_user_error_in_a_flow_run_not_started_by_our_command_line_is_one_line_
     env.update(PREFECT_HOME=str(tmp_path), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
     code = ("from flows.retrain import retrain\n"
             f"retrain(repo_root={str(tmp_path / 'repo')!r}, epochs=0, return_state=True)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "Traceback" not in output and "epochs override must be a whole number ≥ 1" in output, output

@@ -111,7 +111,8 @@ def _killed_at(repo, fault, path):
         f"ingest_batches([{str(path)!r}], {str(repo)!r}, cfg)"
     )
     env = dict(os.environ, RECSYS_FAULT=fault, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
-    return subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True,
+                          check=False)
 
 
 def test_killed_after_dvc_add_is_recorded_by_the_next_run_never_undone(dvc_repo):
@@ -148,7 +149,7 @@ def test_prepare_stops_before_reading_when_it_cannot_complete_an_interrupted_com
     env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
     env.pop("RECSYS_FAULT", None)
     stage = subprocess.run([sys.executable, "-m", "recsys.prepare"], cwd=repo, env=env, capture_output=True,
-                           text=True)
+                           text=True, check=False)
     lines = [line for line in stage.stderr.splitlines() if line.startswith("error: ")]
     assert stage.returncode == 1 and "Traceback" not in stage.stderr, stage.stderr
     assert len(lines) == 1, stage.stderr
@@ -158,7 +159,7 @@ def test_prepare_stops_before_reading_when_it_cannot_complete_an_interrupted_com
     cache.unlink()
     shutil.move(moved, cache)
     result = subprocess.run([str(VENV_BIN / "recsys"), "ingest"], cwd=repo, env=env, capture_output=True,
-                            text=True)
+                            text=True, check=False)
     assert result.returncode == 0 and "was written but not recorded; completed it" in result.stdout, (
         result.stdout + result.stderr)
     assert records(repo)[-1]["data_version"] == dvc_md5(repo) and len(read_store(repo / "data")) == 20
