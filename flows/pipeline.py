@@ -62,7 +62,8 @@ def pipeline(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = add_verbose_flag(ArgumentParser("flows.pipeline", description="run the pipeline flow (ingest → retrain → gate)"))
+    parser = add_verbose_flag(ArgumentParser("flows.pipeline",
+                                             description="run the pipeline flow (ingest → retrain → gate)"))
     parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
     parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")

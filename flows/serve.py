@@ -61,7 +61,8 @@ def serve_deployments(cron: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(
-        ArgumentParser("flows.serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        ArgumentParser("flows.serve", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
                         help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
     args = parser.parse_args(argv)

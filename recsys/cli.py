@@ -248,10 +248,11 @@ def main() -> None:
     except Exception as err:
         # Usage errors arrive here with standalone_mode=False; typer bundles its own click, whose exception
         # classes are not click's, so recognise them by what they can do.
-        if callable(getattr(err, "format_message", None)) and isinstance(getattr(err, "exit_code", None), int):
+        exit_code = getattr(err, "exit_code", None)
+        if callable(getattr(err, "format_message", None)) and isinstance(exit_code, int):
             context = getattr(err, "ctx", None)
             print(usage_line(getattr(context, "command_path", None), err.format_message()), file=sys.stderr)
-            sys.exit(err.exit_code)
+            sys.exit(exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)
 

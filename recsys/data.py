@@ -83,7 +83,8 @@ def check_seed(frame: pd.DataFrame, config: IngestConfig, now: int | None = None
 
     if len(frame) < config.min_rows:
         raise DataError(f"{len(frame)} data rows: a seed needs at least ingest.min_rows = {config.min_rows}")
-    parameters = validation.suite_parameters(config, int(time.time()) if now is None else now, has_history=False)
+    now = int(time.time()) if now is None else now
+    parameters = validation.suite_parameters(config, now, has_history=False)
     checked = frame.assign(**{PARSE_ERROR: pd.Series(pd.NA, index=frame.index, dtype="string")})
     reasons = validation.row_failures(checked, parameters)
     bad = (reasons != "").to_numpy()
@@ -91,8 +92,8 @@ def check_seed(frame: pd.DataFrame, config: IngestConfig, now: int | None = None
         top = "; ".join(f"{n} × {why}" for why, n in list(group_reasons(reasons[bad]).items())[:3])
         first = int(np.flatnonzero(bad)[0])
         raise DataError(
-            f"{int(bad.sum())} of {len(frame)} rows fail the checks every ingested batch gets: {top} (first: row "
-            f"{first + 1}, {frame.iloc[first].to_dict()}); correct them, or the params.yaml setting the "
+            f"{int(bad.sum())} of {len(frame)} rows fail the checks every ingested batch gets: {top} (first: "
+            f"row {first + 1}, {frame.iloc[first].to_dict()}); correct them, or the params.yaml setting the "
             f"reason names (ingest.timestamp_floor = {config.timestamp_floor}, "
             f"ingest.max_future_skew_seconds = {config.max_future_skew_seconds}, ingest.allowed_events)"
         )

@@ -144,7 +144,8 @@ def render(root: Path = REPO_ROOT) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser("recsys.dvc_graph", description="render dvc.yaml from recsys/layout.py and the stages' imports")
+    parser = ArgumentParser("recsys.dvc_graph",
+                            description="render dvc.yaml from recsys/layout.py and the stages' imports")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when dvc.yaml differs")
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)

@@ -122,7 +122,8 @@ def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, e
 
 
 def main(argv: list[str] | None = None) -> None:
-    name, params, root = model_stage_args("recsys.evaluate", "evaluate stage: score the test split once", argv)
+    name, params, root = model_stage_args("recsys.evaluate", "evaluate stage: score the test split once",
+                                          argv)
     paths = Layout(root)
     train_config = params.train_config(name)  # where the model trains is where its test pass runs
     device = resolve_device(train_config.device)

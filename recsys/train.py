@@ -408,7 +408,8 @@ def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    name, params, root = model_stage_args("recsys.train", "train stage: prepared dataset → best checkpoint", argv)
+    name, params, root = model_stage_args("recsys.train", "train stage: prepared dataset → best checkpoint",
+                                          argv)
     paths = Layout(root)
     result = train_model(
         name, params.model_config(name), params.train_config(name), paths.prepared, paths.model_dir(name),

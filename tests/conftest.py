@@ -25,8 +25,8 @@ from flow_support import REPO_ROOT, merge_params
 from recsys.config import GenerateConfig, PrepareConfig, TrainConfig
 
 # Prefect's logging configuration, applied when it is first loaded, binds a console handler on the root logger
-# to the sys.stderr of that moment (`import prefect` alone loads nothing: Prefect 3 loads lazily, and the first
-# `from prefect import flow` configures logging — hence `prefect.main`). Loaded here, that is the session's
+# to the sys.stderr of that moment (`import prefect` alone loads nothing: Prefect 3 loads lazily, and the
+# first `from prefect import flow` configures logging — hence `prefect.main`). Loaded here, that is the session's
 # stream; loaded first inside a test that captures output (capsys, CliRunner), it would be that test's stream,
 # closed when the test ends, and every later log line in the worker would print a "Logging error" traceback
 # into some other test's output.

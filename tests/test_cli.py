@@ -394,7 +394,8 @@ def test_data_import_refuses_one_source_column_read_as_two(monkeypatch, capsys, 
     table = tmp_path / "t.csv"
     table.write_text("customer,sku,ts\na,b,1000000000\n")
     code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table), "--out",
-                           str(tmp_path / "out"), "--column", "user_id=customer", "--column", "item_id=customer")
+                           str(tmp_path / "out"), "--column", "user_id=customer",
+                           "--column", "item_id=customer")
     assert code == 1
     assert_one_line_error(err, "--column: one source column cannot be two canonical ones: "
                                "{'customer': ['item_id', 'user_id']}")

@@ -216,8 +216,8 @@ def test_a_bootstrap_killed_before_dvc_add_is_started_over(dvc_repo, write_param
     write_params(path=dvc_repo / "params.yaml")
     env = {**os.environ, "RECSYS_FAULT": "seed_written"}
     code = "from recsys.bootstrap import ensure_raw_store; ensure_raw_store()"
-    killed = subprocess.run([sys.executable, "-c", code], cwd=dvc_repo, env=env, capture_output=True, text=True,
-                            check=False)
+    killed = subprocess.run([sys.executable, "-c", code], cwd=dvc_repo, env=env, capture_output=True,
+                            text=True, check=False)
     assert killed.returncode == 1 and "injected fault at seed_written" in killed.stderr, killed.stderr
     assert store_has_data(dvc_repo) and Layout(dvc_repo).seeding.exists()
     assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")

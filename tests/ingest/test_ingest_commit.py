@@ -135,8 +135,8 @@ def test_a_batch_named_like_a_filed_one_keeps_both(tmp_path):
 
 
 def test_a_folder_in_the_inbox_is_refused_each_run_not_skipped_as_an_empty_inbox(tmp_path):
-    """A Parquet dataset folder (`export.parquet/part-0.parquet`) was passed over: "nothing to ingest", exit 0,
-    night after night."""
+    """A Parquet dataset folder (`export.parquet/part-0.parquet`) was passed over: "nothing to ingest",
+    exit 0, night after night."""
     from recsys.ingest.layout import has_work
     from recsys.ingest.layout import paths as ingest_paths
 
