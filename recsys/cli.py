@@ -250,8 +250,10 @@ def main() -> None:
         # classes are not click's, so recognise them by what they can do.
         exit_code = getattr(err, "exit_code", None)
         if callable(getattr(err, "format_message", None)) and isinstance(exit_code, int):
-            context = getattr(err, "ctx", None)
-            print(usage_line(getattr(context, "command_path", None), err.format_message()), file=sys.stderr)
+            message = err.format_message()
+            if message.strip():  # (a group run without a command printed its help: nothing to add)
+                context = getattr(err, "ctx", None)
+                print(usage_line(getattr(context, "command_path", None), message), file=sys.stderr)
             sys.exit(exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)

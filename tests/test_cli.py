@@ -192,6 +192,12 @@ def test_usage_error_is_one_line_naming_the_help(monkeypatch, capsys, args, says
     assert_one_line_error(err, says, f"(see '{command} --help')")
 
 
+@pytest.mark.parametrize("group", ["data", "registry"])
+def test_a_group_without_a_command_prints_its_help_and_no_empty_error_line(monkeypatch, capsys, group):
+    code, out, err = run_cli(monkeypatch, capsys, group)
+    assert code == 2 and f"Usage: recsys {group} [OPTIONS] COMMAND [ARGS]..." in out and err == ""
+
+
 @pytest.mark.parametrize("module", ["recsys.prepare", "recsys.train", "recsys.evaluate", "recsys.dvc_graph",
                                     "flows.ingest", "flows.retrain", "flows.pipeline", "flows.zombies",
                                     "flows.serve"])
