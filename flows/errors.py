@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from recsys.entry import VERBOSE_ENV, error_line, is_transient, is_user_error, verbose_requested
 
@@ -66,28 +67,30 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def unreachable_server(err: BaseException) -> str | None:
-    """The one line for a Prefect API that does not answer (nothing listening at PREFECT_API_URL), found in
-    `err`'s chain of causes; None for any other failure."""
+    """The one line for a Prefect API that does not answer — nothing listening at PREFECT_API_URL, or a
+    server that is not its API (the address without `/api`) — found in `err`'s chain of causes; None for any
+    other failure."""
     import httpx
     from prefect.settings import get_current_settings
 
-    seen: set[int] = set()
+    chain: list[BaseException] = []
     cause: BaseException | None = err
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        url = get_current_settings().api.url
-        refused = (isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == 404
-                   or isinstance(cause, RuntimeError) and str(cause).startswith("Failed to reach API at"))
-        if refused and url and not str(url).rstrip("/").endswith("/api"):  # a server, but not its API
-            return (f"error: PREFECT_API_URL={url} reaches a server but not its API ({_short(cause)}): the "
-                    f"API is under /api, e.g. PREFECT_API_URL={str(url).rstrip('/')}/api")
-        if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
-            if not url:  # Prefect's temporary server (no PREFECT_API_URL) did not come up
-                return (f"error: Prefect's temporary API server did not answer ({cause}): start one with "
-                        "`prefect server start` and set PREFECT_API_URL to it")
-            return (f"error: cannot reach the Prefect server at {url} ({cause}): is `prefect server start` "
-                    "running, and is PREFECT_API_URL its address?")
+    while cause is not None and all(cause is not seen for seen in chain):
+        chain.append(cause)
         cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
+    url = get_current_settings().api.url
+    refused = next((c for c in chain if isinstance(c, (httpx.ConnectError, httpx.ConnectTimeout))), None)
+    if refused is not None:  # first: Prefect wraps a refused connection in "Failed to reach API" too
+        if not url:  # Prefect's temporary server (no PREFECT_API_URL) did not come up
+            return (f"error: Prefect's temporary API server did not answer ({refused}): start one with "
+                    "`prefect server start` and set PREFECT_API_URL to it")
+        return (f"error: cannot reach the Prefect server at {url} ({refused}): is `prefect server start` "
+                "running, and is PREFECT_API_URL its address?")
+    not_found = next((c for c in chain if isinstance(c, httpx.HTTPStatusError)
+                      and c.response.status_code == 404), None)
+    if not_found is not None and url and "/api" not in urlsplit(str(url)).path:  # a server, not its API
+        return (f"error: PREFECT_API_URL={url} reaches a server but not its API ({_short(not_found)}): the "
+                f"API is under /api, e.g. PREFECT_API_URL={str(url).rstrip('/')}/api")
     return None
 
 

@@ -59,6 +59,8 @@ def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/api"
+    if module == "retrain":  # without /api too: nothing answers, so it is not a matter of the path
+        url = url.removesuffix("/api")
     env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(tmp_path), "DO_NOT_TRACK": "1"}
     repo = [] if module == "serve" else ["--repo-root", str(tmp_path / "repo")]
     done = subprocess.run([sys.executable, "-m", f"flows.{module}", *repo], cwd=REPO_ROOT, env=env,
