@@ -104,16 +104,17 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     """Run `dvc ARGS` at `root`; with `check`, a failure raises `DvcError` (`StageError` when a stage failed).
 
     `watch()` is called every `interval` seconds while it runs (the retrain flow reports training progress
-    this way); stdout and stderr then arrive merged, in order, in `stdout`.
+    this way; a failing `watch` is logged, never the end of the run); stdout and stderr then arrive merged,
+    in order, in `stdout`.
 
-    DVC and the stages it runs are a process group of their own, stopped with this call: when the caller is
-    interrupted (Ctrl-C, or the SIGTERM of a cancelled Prefect run, which Prefect raises as an exception),
-    none of them is left running — holding DVC's locks and training on — after the run that started them.
+    When the caller is interrupted while DVC runs — Ctrl-C, or the SIGTERM of a cancelled Prefect run, which
+    Prefect raises as an exception — DVC and the stages it started are stopped with it (`stop_process_tree`):
+    none trains on for nobody, holding DVC's lock against the next run. (They stay in the caller's process
+    group, so a worker that kills the group outright reaches them too.)
     """
     merged = watch is not None
     proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True)
     try:
         if not merged:
             stdout, stderr = proc.communicate()
@@ -123,12 +124,15 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
             reader.start()
             while proc.poll() is None:
                 time.sleep(interval)
-                watch()
+                try:
+                    watch()
+                except Exception as err:  # progress reporting is an API call: a hiccup must not end training
+                    log.warning("while `dvc %s` runs: %s", " ".join(args), err)
             reader.join(timeout=10)
             stdout, stderr = "".join(lines), ""
     finally:
         if proc.poll() is None:
-            stop_process_group(proc)
+            stop_process_tree(proc)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
         log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
@@ -137,21 +141,29 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     return done
 
 
-def stop_process_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """Stop the process group `proc` leads (started in a session of its own): SIGTERM to all of it, up to
-    `grace` seconds for `proc` to end, then SIGKILL to whatever of the group is left."""
+def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop `proc` and every process under it: SIGINT first (a stage's Python cleans up its temp files, as
+    on Ctrl-C), SIGKILL to what is left after `grace` seconds — also when a second interrupt arrives."""
     import signal
 
-    def signal_group(sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):  # (none of the group is left)
-            os.killpg(proc.pid, sig)
+    import psutil
 
-    signal_group(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    signal_group(signal.SIGKILL)
-    proc.wait()
-    log.warning("stopped dvc (pid %d) and the stages it was running", proc.pid)
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGINT)
+        psutil.wait_procs(tree, timeout=grace)
+    finally:
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        proc.wait()
+        log.warning("stopped `%s` (pid %d) and the processes it started", " ".join(map(str, proc.args[1:])),
+                    proc.pid)
 
 
 LOCK_HOLDER_ENV = "RECSYS_WORKSPACE_LOCK_HOLDER"  # "<pid>:<state dir>" while a process holds the lock
