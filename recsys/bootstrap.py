@@ -8,10 +8,12 @@ says to run `recsys bootstrap` first.)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
+from recsys.atomic import write_text_atomic
 from recsys.faults import fault_point
 from recsys.layout import Layout
 from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
@@ -23,14 +25,67 @@ class BootstrapError(RuntimeError):
     """The raw store is missing and cannot be recreated here; the message says what to run."""
 
 
-def _remove_seed(paths: Layout) -> None:
-    """Undo a generated seed that `dvc add` did not record: what `write_store` writes (the interactions
-    folder, which held no part before it, and items.csv), then the marker that says so."""
-    import shutil
+def _seed_files(paths: Layout) -> dict[str, str]:
+    """What `write_store` writes (the seed part, items.csv) as it is on disk now: relative path -> sha256
+    ("" for a missing file)."""
+    import hashlib
 
-    shutil.rmtree(paths.data / "interactions", ignore_errors=True)
-    (paths.data / "items.csv").unlink(missing_ok=True)
+    from recsys.data import SEED_PART
+
+    found = {}
+    for name in (f"interactions/{SEED_PART}", "items.csv"):
+        path = paths.data / name
+        found[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+    return found
+
+
+def _remove_seed(paths: Layout) -> None:
+    """Undo a generated seed that `dvc add` did not record — its two files, only while the store holds no
+    other part — then the marker that says so."""
+    for name in _seed_files(paths):
+        (paths.data / name).unlink(missing_ok=True)
+    interactions = paths.data / "interactions"
+    if interactions.is_dir() and not any(interactions.iterdir()):
+        interactions.rmdir()
     paths.seeding.unlink(missing_ok=True)
+
+
+def _settle_seeding(root: Path, paths: Layout) -> str:
+    """A bootstrap stopped between writing its seed and marking the seed's push (the `seeding` marker holds
+    the seed files' sha256 once they were whole): finish it, or undo a seed it had not finished writing —
+    never touching what another command wrote since. Returns what it did."""
+    text = paths.seeding.read_text(encoding="utf-8").strip()
+    written = json.loads(text) if text else None
+    seed = _seed_files(paths)
+    parts = (paths.data / "interactions").glob("*.parquet")
+    others = [p for p in parts if f"interactions/{p.name}" not in seed]
+    if others or (written is not None and seed != written):
+        paths.seeding.unlink()  # another command wrote the store since (an import, an ingest): theirs
+        return "left"
+    if written is None:  # killed while writing it: a part that may be torn
+        _remove_seed(paths)
+        return "removed"
+    _version_seed(root)  # the whole seed, maybe added already (adding again changes nothing)
+    paths.seeding.unlink()
+    return "versioned"
+
+
+def _push_done(root: Path) -> None:
+    from recsys.config import IngestConfig
+    from recsys.ingest.layout import paths as ingest_paths
+
+    ingest_paths(root, IngestConfig()).push_marker.unlink(missing_ok=True)
+
+
+def _version_seed(root: Path) -> None:
+    """`dvc add` the store and mark its push pending (ingest's marker, until a push succeeds: if this run's
+    push fails, the next ingest run, which sees the marker, pushes the seed first)."""
+    from recsys.config import IngestConfig
+    from recsys.ingest.commit import mark_push_pending
+    from recsys.ingest.layout import paths as ingest_paths
+
+    run_dvc(root, "add", Layout(root).data.name)
+    mark_push_pending(ingest_paths(root, IngestConfig()), IngestConfig())
 
 
 def store_has_data(root: Path) -> bool:
@@ -58,8 +113,10 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     if store_has_data(root) and not paths.seeding.exists():
         return "raw store present"
     with workspace_lock(root):
-        if paths.seeding.exists():  # killed between generating a seed and `dvc add` recording it: start over
-            _remove_seed(paths)
+        if paths.seeding.exists() and _settle_seeding(root, paths) == "versioned":
+            run_dvc(root, "push", paths.data_dvc.name)  # (failing, its marker stays for the next ingest)
+            _push_done(root)
+            return "versioned and pushed the default dataset an interrupted bootstrap had generated"
         if store_has_data(root):  # another process bootstrapped while we waited
             return "raw store present"
         pulled = None
@@ -75,30 +132,28 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
                 f"{paths.data_dvc.name} records {recorded} files of ingested data that `dvc pull` could not "
                 f"fetch ({why}); point DVC at the remote that holds them (`dvc remote list`) and run `dvc pull`"
             )
-        from recsys.config import IngestConfig, load_params
+        from recsys.config import load_params
         from recsys.data import generate, write_store
-        from recsys.ingest.commit import mark_push_pending
-        from recsys.ingest.layout import paths as ingest_paths
 
         generated = generate(load_params(params_path or paths.params).generate)
-        # From writing the seed until data.dvc records it and its push is marked, `seeding` says the store
-        # is not versioned: a failure removes the seed at once, a kill leaves the marker for the next run.
+        # From writing the seed until data.dvc records it and its push is marked, `seeding` says so (with the
+        # seed files' sha256 once they are whole): a failure before the add removes the seed at once, a kill
+        # leaves the marker for the next run to settle (`_settle_seeding`).
         paths.seeding.parent.mkdir(parents=True, exist_ok=True)
-        paths.seeding.touch()
+        paths.seeding.write_text("", encoding="utf-8")
+        whole = False
         try:
             write_store(generated, paths.data)
+            fault_point("seed_writing")  # (as if killed before its files were whole: the marker is empty)
+            write_text_atomic(paths.seeding, json.dumps(_seed_files(paths)), paths.scratch)
+            whole = True
             fault_point("seed_written")
-            run_dvc(root, "add", paths.data.name)
-            # Ingest's push marker, from the add until the push succeeds: if the push fails, this run fails
-            # (DvcError, one line at the entry point) and the next ingest run, which sees the marker, pushes
-            # the seed first. (After the add: a marker without data.dvc has nothing to push.)
-            config = IngestConfig()
-            where = ingest_paths(root, config)
-            mark_push_pending(where, config)
+            _version_seed(root)
         except BaseException:
-            _remove_seed(paths)
+            if not whole:  # a whole seed stays, with its marker: the next run versions it (`_settle_seeding`)
+                _remove_seed(paths)
             raise
         paths.seeding.unlink()
         run_dvc(root, "push", paths.data_dvc.name)
-        where.push_marker.unlink()
+        _push_done(root)
     return "generated the default dataset into data/ and versioned it with DVC"

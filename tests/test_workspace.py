@@ -185,45 +185,71 @@ def _seed_recorded(repo) -> bool:
 
 
 @dvc_slow
-def test_a_failed_dvc_add_leaves_no_unversioned_seed_behind(dvc_repo, write_params):
-    """`dvc add` failing after the seed was written: the seed goes (the next run generated nothing and said
-    "raw store present" over a store data.dvc never recorded); the next run generates and versions it."""
+def test_a_failed_dvc_add_leaves_its_seed_marked_and_the_next_run_versions_it(dvc_repo, write_params):
+    """`dvc add` failing after the seed was written: the next run said "raw store present" over a store
+    data.dvc never recorded. Now the marker stays, and the next run versions and pushes the seed."""
     from recsys.layout import Layout
 
     write_params(path=dvc_repo / "params.yaml")
     cache = dvc_repo / ".dvc" / "cache"
     shutil.rmtree(cache, ignore_errors=True)
     cache.write_text("a file where DVC's cache folder should be")  # a real `dvc add` failure
-    before = (dvc_repo / "data.dvc").read_bytes() if (dvc_repo / "data.dvc").exists() else None
-    with pytest.raises(DvcError, match="add"):
+    with pytest.raises(DvcError, match="`dvc add data` failed: ERROR: "):
         ensure_raw_store(dvc_repo)
-    assert not store_has_data(dvc_repo) and not (dvc_repo / "data" / "items.csv").exists()
-    assert not Layout(dvc_repo).seeding.exists()
-    assert ((dvc_repo / "data.dvc").read_bytes() if (dvc_repo / "data.dvc").exists() else None) == before
+    assert store_has_data(dvc_repo) and Layout(dvc_repo).seeding.read_text().startswith("{")
     cache.unlink()
-    assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")
+    said = ensure_raw_store(dvc_repo)
+    assert said == "versioned and pushed the default dataset an interrupted bootstrap had generated"
     assert _seed_recorded(dvc_repo) and not Layout(dvc_repo).seeding.exists()
+    assert not (dvc_repo / ".ingest" / "push-pending.json").exists()
+    shutil.rmtree(dvc_repo / "data")  # and the remote has it
+    assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
+
+
+def _bootstrap_killed_at(repo, fault: str) -> None:
+    import subprocess
+
+    env = {**os.environ, "RECSYS_FAULT": fault}
+    code = "from recsys.bootstrap import ensure_raw_store; ensure_raw_store()"
+    killed = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True,
+                            text=True, check=False)
+    assert killed.returncode == 1 and f"injected fault at {fault}" in killed.stderr, killed.stderr
 
 
 @dvc_slow
-def test_a_bootstrap_killed_before_dvc_add_is_started_over(dvc_repo, write_params):
-    """A real kill between writing the seed and `dvc add`: the marker stays, and the next run removes the
-    unrecorded seed and generates and versions it, instead of taking it for a present store."""
-    import os
+def test_a_bootstrap_killed_at_any_point_is_settled_by_the_next_run(dvc_repo, write_params, tmp_path):
+    """Real kills: before the seed's files are whole (removed, generated again), before `dvc add` (versioned
+    as it is), and — the marker must not cost anyone data — before `dvc add` with the user's own import
+    written over the seed since (theirs: left as it is)."""
     import subprocess
 
     from recsys.layout import Layout
+    from recsys.store import read_store
 
     write_params(path=dvc_repo / "params.yaml")
-    env = {**os.environ, "RECSYS_FAULT": "seed_written"}
-    code = "from recsys.bootstrap import ensure_raw_store; ensure_raw_store()"
-    killed = subprocess.run([sys.executable, "-c", code], cwd=dvc_repo, env=env, capture_output=True,
-                            text=True, check=False)
-    assert killed.returncode == 1 and "injected fault at seed_written" in killed.stderr, killed.stderr
-    assert store_has_data(dvc_repo) and Layout(dvc_repo).seeding.exists()
+    _bootstrap_killed_at(dvc_repo, "seed_writing")
+    assert Layout(dvc_repo).seeding.read_text() == ""
     assert ensure_raw_store(dvc_repo).startswith("generated the default dataset")
     assert _seed_recorded(dvc_repo) and not Layout(dvc_repo).seeding.exists()
+
+    shutil.rmtree(dvc_repo / "data")
+    (dvc_repo / "data.dvc").unlink()
+    _bootstrap_killed_at(dvc_repo, "seed_written")
+    assert store_has_data(dvc_repo) and Layout(dvc_repo).seeding.exists()
+    assert ensure_raw_store(dvc_repo).startswith("versioned and pushed the default dataset")
+    assert _seed_recorded(dvc_repo) and not Layout(dvc_repo).seeding.exists()
     assert ensure_raw_store(dvc_repo) == "raw store present"
+
+    shutil.rmtree(dvc_repo / "data")
+    (dvc_repo / "data.dvc").unlink()
+    _bootstrap_killed_at(dvc_repo, "seed_written")
+    own = tmp_path / "own.csv"
+    own.write_text("user_id,item_id,timestamp\nu1,i1,1704067200\nu1,i2,1704067260\n")
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "data", "import", "table", str(own)],
+                          cwd=dvc_repo, capture_output=True, text=True, check=False)  # the user's own seed
+    assert done.returncode == 0, done.stderr
+    assert ensure_raw_store(dvc_repo) == "raw store present" and not Layout(dvc_repo).seeding.exists()
+    assert read_store(dvc_repo / "data")["item_id"].tolist() == ["i1", "i2"]  # theirs, untouched
 
 
 @dvc_slow
