@@ -210,11 +210,16 @@ def without_registry_password(params_text: str) -> str:
     if parsed.password is None:
         return params_text
     hidden = parsed.render_as_string(hide_password=True)
-    if url in params_text:
-        return params_text.replace(url, hidden)
-    data = yaml.safe_load(params_text)  # the URL is written in a way that differs from its value (escapes)
-    data["registry"]["url"] = hidden
-    return yaml.safe_dump(data, sort_keys=False)
+    # The URL scalar's own span in the text, so that nothing else changes (a dump would drop comments and
+    # re-type YAML 1.1 values); written plain as it was, or double-quoted.
+    for key, value in yaml.compose(params_text).value:
+        if key.value == "registry":
+            for inner_key, node in value.value:
+                if inner_key.value == "url":
+                    start, end = node.start_mark.index, node.end_mark.index
+                    written = hidden if node.style is None else json.dumps(hidden)
+                    return params_text[:start] + written + params_text[end:]
+    return params_text  # (not reached: the URL was read from that key)
 
 
 def stale_models(root: Path, models: list[str]) -> list[str]:
