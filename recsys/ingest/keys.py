@@ -6,8 +6,8 @@ store): a SQLite file (`.ingest/keys.sqlite`, local state, never versioned) with
 integers and the event keys as a clustered primary key. Memory stays bounded by SQLite's page cache.
 
 The index is derived from the store and can always be rebuilt from it: it records which parts it covers
-(name, size, and a hash of the file's tail, which holds the Parquet footer with its row groups' statistics:
-a part rewritten under its own name at the same size — a re-imported seed — is noticed without reading it),
+(name; size, mtime and inode, and when those changed a hash of the file's last 64 KiB — its footer and the
+end of its data — so a part rewritten under its own name at the same size, a re-imported seed, is noticed),
 `sync` indexes parts it has not seen (the seed part, a part whose commit crashed before
 the index was updated) and rebuilds from scratch when a covered part changed or vanished (a `dvc checkout`
 of another data version). Keys of a new part are added after its manifest line, so the index never holds
@@ -33,12 +33,14 @@ from recsys.schema import ITEM, TIMESTAMP, USER
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "keys.sqlite"
-_SCHEMA_VERSION = "2"  # 2: parts are recognised by `_fingerprint`, not by their size alone
+_SCHEMA_VERSION = "3"  # 2: parts recognised by `_fingerprint`, not by size alone; 3: and by `_stat` first
 _TAIL_BYTES = 1 << 16
 _CHUNK_ROWS = 500_000  # rows per read while indexing a part: bounds memory for a 10M-row seed part
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS parts(name TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS parts(
+    name TEXT PRIMARY KEY, stat TEXT NOT NULL, fingerprint TEXT NOT NULL, rows INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS users(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS events(
@@ -97,14 +99,25 @@ class KeyIndex:
                 frame = batch.to_pandas()
                 rows += len(frame)
                 self._add_keys(frame)
-            self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?)",
-                            (path.name, _fingerprint(path), rows))
+            self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)",
+                            (path.name, _stat(path), _fingerprint(path), rows))
 
     def sync(self, store_dir: Path) -> list[str]:
         """Bring the index in line with the parts on disk; returns the names of the parts it indexed."""
         on_disk = {p.name: p for p in raw_store.list_parts(store_dir)}
-        covered = dict(self.db.execute("SELECT name, fingerprint FROM parts").fetchall())
-        changed = [n for n, seen in covered.items() if n not in on_disk or _fingerprint(on_disk[n]) != seen]
+        covered = {name: (stat, fingerprint) for name, stat, fingerprint
+                   in self.db.execute("SELECT name, stat, fingerprint FROM parts").fetchall()}
+        changed = []
+        for name, (stat, fingerprint) in covered.items():
+            path = on_disk.get(name)
+            if path is None:
+                changed.append(name)
+            elif _stat(path) != stat:  # replaced or touched (a `dvc checkout`): its bytes decide
+                if _fingerprint(path) != fingerprint:
+                    changed.append(name)
+                else:
+                    with self._transaction():
+                        self.db.execute("UPDATE parts SET stat = ? WHERE name = ?", (_stat(path), name))
         if changed:
             log.warning("key index: %d indexed part(s) changed or vanished (e.g. %s); rebuilding it",
                         len(changed), changed[0])
@@ -166,9 +179,17 @@ class KeyIndex:
             self.db.execute(f"DROP TABLE temp.{name}")
 
 
+def _stat(path: Path) -> str:
+    """Size, modification time and inode: unchanged, the part is taken as unchanged without reading it (a
+    part is written once, under a temp name, then renamed: a rewrite is a new inode)."""
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
 def _fingerprint(path: Path) -> str:
-    """A part's size and the sha256 of its last 64 KiB (the Parquet footer: schema, row groups, column
-    statistics): O(1) per part, so `sync` stays O(batch) whatever the store's size."""
+    """A part's size and the sha256 of its last 64 KiB (the end of its data and the Parquet footer: schema,
+    row-group sizes and offsets; all of a small part): read only when `_stat` changed, so `sync` reads no
+    part that no one touched."""
     import hashlib
 
     size = path.stat().st_size

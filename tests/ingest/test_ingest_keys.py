@@ -51,6 +51,26 @@ def test_index_matches_the_store_and_is_rebuilt_when_the_store_changes_under_it(
     assert (again.rows_accepted, again.rows_duplicate) == (0, 10)
 
 
+def test_sync_reads_no_part_no_one_touched_and_a_touched_one_only_to_compare(tmp_path, monkeypatch):
+    """The check that notices a rewritten part must not make every run O(store): it reads a part only when
+    its size, mtime or inode changed (a `dvc checkout` touches it), and then without re-indexing it."""
+    import os
+
+    from recsys.ingest import keys
+
+    repo = make_repo(tmp_path / "repo")
+    [summary] = ingest_batches([write_frame(repo / "inbox" / "1.csv", events(10))], repo, CFG)
+    part = repo / "data" / "interactions" / summary.part_file
+    reads = []
+    real = keys._fingerprint
+    monkeypatch.setattr(keys, "_fingerprint", lambda path: reads.append(path.name) or real(path))
+    with open_index(repo / ".ingest") as index:
+        assert index.sync(repo / "data") == [] and reads == []  # untouched: not read
+        os.utime(part, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns + 10**9))
+        assert index.sync(repo / "data") == [] and reads == [part.name]  # touched: read, same bytes, kept
+        assert index.sync(repo / "data") == [] and reads == [part.name]  # and remembered
+
+
 def test_a_part_rewritten_at_the_same_size_is_noticed_and_an_older_index_is_rebuilt(tmp_path):
     """Parts were recognised by name and size: a re-imported seed of another dataset with the same byte count
     (here users u* renamed v*: 1,380 bytes both) kept the old seed's keys, so dedup and the unseen shares
@@ -71,7 +91,7 @@ def test_a_part_rewritten_at_the_same_size_is_noticed_and_an_older_index_is_rebu
     with open_index(repo / ".ingest") as index:
         assert index.sync(repo / "data") == [SEED_PART]
         assert index.seen(new).all() and not index.seen(old).any()
-        assert index.sync(repo / "data") == []  # and unchanged parts are not read again
+        assert index.sync(repo / "data") == []
 
     # An index written by the previous version (schema 1: parts by size) is rebuilt, not misread.
     db = sqlite3.connect(repo / ".ingest" / INDEX_FILE)
