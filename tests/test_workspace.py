@@ -3,6 +3,7 @@ raw-store bootstrap — with real `dvc` in throw-away repositories."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -81,22 +82,31 @@ def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo
         "from recsys.workspace import run_dvc\n"
         f"run_dvc(Path('.'), 'repro', 'slow'{', watch=lambda: None, interval=0.2' if watch else ''})\n")],
         cwd=dvc_repo)
-    deadline = time.monotonic() + 300
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
     import psutil
 
-    stage = int(started.read_text())
-    dvc_pids = [p.pid for p in psutil.Process(caller.pid).children(recursive=True)]
-    assert stage in dvc_pids and len(dvc_pids) >= 2  # dvc, and the stage (and a shell between them)
-    assert {os.getpgid(pid) for pid in dvc_pids} == {os.getpgid(caller.pid)}  # a group kill reaches them
-    os.kill(caller.pid, getattr(signal, sig))
-    caller.wait(timeout=120)
-    deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in dvc_pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [pid for pid in dvc_pids if _alive(pid)]
-    assert not temp.exists()  # interrupted, not killed: the stage cleaned up
+    tracked = [psutil.Process(caller.pid)]
+    try:
+        deadline = time.monotonic() + 300
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stage = int(started.read_text())
+        tracked += psutil.Process(caller.pid).children(recursive=True)
+        dvc_pids = [p.pid for p in tracked[1:]]
+        assert stage in dvc_pids and len(dvc_pids) >= 2  # dvc, and the stage (and a shell between them)
+        assert {os.getpgid(pid) for pid in dvc_pids} == {os.getpgid(caller.pid)}  # a group kill reaches them
+        os.kill(caller.pid, getattr(signal, sig))
+        caller.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in dvc_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in dvc_pids if _alive(pid)]
+        assert not temp.exists()  # interrupted, not killed: the stage cleaned up
+    finally:  # a failing test leaves nothing running either (only what it started: not a worker's server)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tracked += psutil.Process(caller.pid).children(recursive=True)
+        for leftover in tracked:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
     done = run_dvc(dvc_repo, "status")  # and DVC's lock is free for the next run
     assert done.returncode == 0
 
