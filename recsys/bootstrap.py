@@ -137,8 +137,8 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
 
         generated = generate(load_params(params_path or paths.params).generate)
         # From writing the seed until data.dvc records it and its push is marked, `seeding` says so (with the
-        # seed files' sha256 once they are whole): a failure before the add removes the seed at once, a kill
-        # leaves the marker for the next run to settle (`_settle_seeding`).
+        # seed files' sha256 once they are whole): a failure while writing removes the seed at once; after
+        # that a failure or a kill leaves the marker, and the next run versions the seed (`_settle_seeding`).
         paths.seeding.parent.mkdir(parents=True, exist_ok=True)
         paths.seeding.write_text("", encoding="utf-8")
         whole = False
