@@ -142,8 +142,9 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
 
 
 def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop `proc` and every process under it: SIGINT first (a stage's Python cleans up its temp files, as
-    on Ctrl-C), SIGKILL to what is left after `grace` seconds — also when a second interrupt arrives."""
+    """Stop `proc` and every process under it: SIGINT first (as Ctrl-C: a stage's Python may clean up, though
+    nothing waits for it), SIGKILL to what is left after `grace` seconds — also when a second interrupt
+    arrives."""
     import signal
 
     import psutil
