@@ -131,7 +131,10 @@ def data_import(
         raise DataError(f"unknown source {source!r}: movielens-1m | movielens-100k | table")
     import pandas as pd
 
-    frame, duplicates = check_seed(frame, config)
+    try:
+        frame, duplicates = check_seed(frame, config)
+    except DataError as err:
+        raise DataError(f"{path}: {err}") from err
     no_titles = pd.DataFrame(columns=["item_id", "title"])
     part = write_store(Generated(frame, titles if titles is not None else no_titles), out)
     dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""

@@ -107,7 +107,8 @@ MAPPING = ["--column", "user_id=uid", "--column", "item_id=sku", "--column", "ti
     ("a,x,1704067200000\n", ("1 of 1 rows fail the checks every ingested batch gets: 1 × timestamp before "
                               "the configured floor or too far in the future")),  # milliseconds, not seconds
     ("a,x,-5\nb,y,1704067200\n", "1 of 2 rows fail"),
-    ("a,x,1704067200,like\n", "event is not one of ingest.allowed_events"),
+    ("a,x,1704067200,like\n", ("1 of 1 rows fail the checks every ingested batch gets: 1 × event is not "
+                                "one of ingest.allowed_events")),
 ])
 def test_a_seed_import_gets_the_row_checks_of_a_batch_and_a_refusal_keeps_the_store(
         monkeypatch, capsys, tmp_path, rows, says):
@@ -127,7 +128,7 @@ def test_a_seed_import_gets_the_row_checks_of_a_batch_and_a_refusal_keeps_the_st
     code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
                              *MAPPING, *extra)
     assert code == 1 and out == ""
-    assert_one_line_error(err, says)
+    assert_one_line_error(err, f"error: {source}: {says}")
     assert "ingest.timestamp_floor = 788918400" in err or "min_rows" in err
     assert read_store(store).equals(before)
 
