@@ -144,24 +144,34 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
 def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """Stop `proc` and every process under it: SIGINT first (as Ctrl-C: a stage's Python may clean up, though
     nothing waits for it), SIGKILL to what is left after `grace` seconds — also when a second interrupt
-    arrives."""
+    arrives — and to `proc` itself whatever the process table said (a child that vanished while the tree
+    was read must not leave `proc` running and this call waiting on it)."""
     import signal
 
     import psutil
 
+    def tree() -> list[psutil.Process]:
+        try:
+            leader = psutil.Process(proc.pid)
+        except psutil.Error:
+            return []
+        try:
+            return [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return [leader]
+
+    found = tree()
     try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    try:
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
+        for process in found:
+            with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGINT)
-        psutil.wait_procs(tree, timeout=grace)
+        psutil.wait_procs(found, timeout=grace)
     finally:
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
+        for process in [*found, *tree()]:  # (and what started meanwhile)
+            with contextlib.suppress(psutil.Error):
                 process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
         proc.wait()
         log.warning("stopped `%s` (pid %d) and the processes it started", " ".join(map(str, proc.args[1:])),
                     proc.pid)

@@ -76,7 +76,7 @@ def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo
         "from pathlib import Path\n"
         "def terminated(*_): raise SystemExit(143)  # as Prefect's bridge raises TerminationSignal\n"
         "signal.signal(signal.SIGTERM, terminated)\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a test worker may ignore it)\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal\n"
         "from recsys.workspace import run_dvc\n"
         f"run_dvc(Path('.'), 'repro', 'slow'{', watch=lambda: None, interval=0.2' if watch else ''})\n")],
         cwd=dvc_repo)
