@@ -25,15 +25,19 @@ class BootstrapError(RuntimeError):
     """The raw store is missing and cannot be recreated here; the message says what to run."""
 
 
-def _seed_files(paths: Layout) -> dict[str, str]:
-    """What `write_store` writes (the seed part, items.csv) as it is on disk now: relative path -> sha256
-    ("" for a missing file)."""
-    import hashlib
-
+def _seed_names() -> tuple[str, str]:
+    """What `write_store` writes, relative to the store: the seed part and items.csv."""
     from recsys.data import SEED_PART
 
+    return f"interactions/{SEED_PART}", "items.csv"
+
+
+def _seed_files(paths: Layout) -> dict[str, str]:
+    """The seed's files as they are on disk now: relative path -> sha256 ("" for a missing file)."""
+    import hashlib
+
     found = {}
-    for name in (f"interactions/{SEED_PART}", "items.csv"):
+    for name in _seed_names():
         path = paths.data / name
         found[name] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
     return found
@@ -42,7 +46,7 @@ def _seed_files(paths: Layout) -> dict[str, str]:
 def _remove_seed(paths: Layout) -> None:
     """Undo a generated seed that `dvc add` did not record — its two files, only while the store holds no
     other part — then the marker that says so."""
-    for name in _seed_files(paths):
+    for name in _seed_names():
         (paths.data / name).unlink(missing_ok=True)
     interactions = paths.data / "interactions"
     if interactions.is_dir() and not any(interactions.iterdir()):

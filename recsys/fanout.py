@@ -197,14 +197,14 @@ def without_registry_password(params_text: str) -> str:
     """params.yaml as shipped in a work order — stored by the Prefect server with the run's parameters and
     shown in its UI — with `registry.url`'s password replaced by `***`: workers never open the registry,
     and no stage reads the `registry` section (the rest of the text, comments too, is kept byte for byte)."""
-    url = ((yaml.safe_load(params_text) or {}).get("registry") or {}).get("url")
-    if not isinstance(url, str):
+    node = _registry_url_node(params_text)
+    if node is None:
         return params_text
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
-        parsed = make_url(url)
+        parsed = make_url(node.value)
     except ArgumentError:
         return params_text  # not a URL the registry could open either: it says so where it is opened
     if parsed.password is None:
@@ -212,14 +212,22 @@ def without_registry_password(params_text: str) -> str:
     hidden = parsed.render_as_string(hide_password=True)
     # The URL scalar's own span in the text, so that nothing else changes (a dump would drop comments and
     # re-type YAML 1.1 values); written plain as it was, or double-quoted.
-    for key, value in yaml.compose(params_text).value:
-        if key.value == "registry":
+    start, end = node.start_mark.index, node.end_mark.index
+    return params_text[:start] + (hidden if node.style is None else json.dumps(hidden)) + params_text[end:]
+
+
+def _registry_url_node(params_text: str) -> yaml.ScalarNode | None:
+    """The string scalar `registry.url` is read from (the last one, as loading keeps the last of a repeated
+    key), with its place in the text; None when there is none."""
+    root = yaml.compose(params_text, Loader=yaml.SafeLoader)
+    found = None
+    for key, value in root.value if isinstance(root, yaml.MappingNode) else ():
+        if key.value == "registry" and isinstance(value, yaml.MappingNode):
             for inner_key, node in value.value:
-                if inner_key.value == "url":
-                    start, end = node.start_mark.index, node.end_mark.index
-                    written = hidden if node.style is None else json.dumps(hidden)
-                    return params_text[:start] + written + params_text[end:]
-    return params_text  # (not reached: the URL was read from that key)
+                if (inner_key.value == "url" and isinstance(node, yaml.ScalarNode)
+                        and node.tag == "tag:yaml.org,2002:str"):
+                    found = node
+    return found
 
 
 def stale_models(root: Path, models: list[str]) -> list[str]:

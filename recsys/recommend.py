@@ -153,12 +153,19 @@ class Prepared:
         return {str(i): str(t) for i, t in zip(self.items["item_id"], self.items["title"])
                 if t is not None and t == t}
 
+    def _user_code(self, user_id: str) -> int | None:
+        match = self.users.loc[self.users["user_id"].astype(str) == str(user_id), "user"]
+        return None if match.empty else int(match.iloc[0])
+
+    def has_user(self, user_id: str) -> bool:
+        return self._user_code(user_id) is not None
+
     def user_history(self, user_id: str, at_time: int | None) -> tuple[list[str], list[int]] | None:
         """The user's (raw item ids, times) in time order, or None when the dataset has no such user."""
-        match = self.users.loc[self.users["user_id"].astype(str) == str(user_id), "user"]
-        if match.empty:
+        code = self._user_code(user_id)
+        if code is None:
             return None
-        history = self.events[self.events["user"] == int(match.iloc[0])]  # already in stable time order
+        history = self.events[self.events["user"] == code]  # already in stable time order
         if at_time is not None:
             history = history[history["timestamp"] <= at_time]
         raw_of = dict(zip(self.items["item"].astype(int), self.items["item_id"].astype(str)))
@@ -281,7 +288,7 @@ def answer(
         if user is not None and user not in known_users:
             fallback_reason = (
                 f"user {user!r} arrived after champion v{champion.version} was trained"
-                if prepared is not None and prepared.user_history(user, None) is not None else
+                if prepared is not None and prepared.has_user(user) else
                 f"user {user!r} is not in the prepared dataset (new, or with fewer events than prepare's "
                 "minimum; their items are not known to be excluded)")
         elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input

@@ -110,14 +110,15 @@ class KeyIndex:
         changed = []
         for name, (stat, fingerprint) in covered.items():
             path = on_disk.get(name)
-            if path is None:
+            now = _stat(path) if path is not None else None
+            if now is None:
                 changed.append(name)
-            elif _stat(path) != stat:  # replaced or touched (a `dvc checkout`): its bytes decide
+            elif now != stat:  # replaced or touched (a `dvc checkout`): its bytes decide
                 if _fingerprint(path) != fingerprint:
                     changed.append(name)
                 else:
                     with self._transaction():
-                        self.db.execute("UPDATE parts SET stat = ? WHERE name = ?", (_stat(path), name))
+                        self.db.execute("UPDATE parts SET stat = ? WHERE name = ?", (now, name))
         if changed:
             log.warning("key index: %d indexed part(s) changed or vanished (e.g. %s); rebuilding it",
                         len(changed), changed[0])

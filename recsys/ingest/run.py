@@ -26,7 +26,6 @@ from recsys.workspace import workspace_lock
 log = logging.getLogger(__name__)
 
 
-
 class IngestRun(list):
     """The batch summaries of one run, in order, plus `actions`: what the run did first or last that
     was not about one batch (recovered an interrupted commit, completed or made a push)."""

@@ -80,17 +80,7 @@ def test_killed_subprocess_after_part_write_is_completed_by_the_next_run(dvc_rep
     ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
     version_before = dvc_md5(repo)
     path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
-    code = (
-        "from recsys.ingest import ingest_batches; from recsys.config import IngestConfig;"
-        f"cfg = IngestConfig(dvc_push=False, max_unseen_item_share=1.0);"
-        f"ingest_batches([{str(path)!r}], {str(repo)!r}, cfg)"
-    )
-    env = dict(
-        os.environ, RECSYS_FAULT="after_part_write", PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
+    result = _killed_at(repo, "after_part_write", path)
     assert result.returncode == 1, result.stderr
     # Crashed between the part and `dvc add`: part on disk, data.dvc and manifest still the old ones.
     assert dvc_md5(repo) == version_before and len(records(repo)) == 1
