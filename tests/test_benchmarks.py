@@ -31,6 +31,21 @@ def test_mojito_in_sasrecs_regime_is_what_params_yaml_trains():
     assert configs_for(curves.MOJITO_LONG, params) == configs_for("mojito", params)
 
 
+def test_the_readmes_mojito_gpu_recipe_is_the_run_that_met_the_gpu_aims(tmp_path):
+    """README's MOJITO GPU setting, applied to params.yaml as written there, trains exactly the run whose rows
+    met the GPU aims (curves.MOJITO_WIDE_GRAPHED, RESULTS.md session 28)."""
+    import yaml
+
+    recipe = "mojito: {dim: 128, train: {lr: 0.002, cuda_graph: true}}"
+    assert f"`{recipe}`" in (ROOT / "README.md").read_text()
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key, value in yaml.safe_load(recipe)["mojito"].items():
+        params["mojito"][key] = {**params["mojito"][key], **value} if isinstance(value, dict) else value
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert configs_for("mojito", load_params(tmp_path / "params.yaml")) == configs_for(
+        curves.MOJITO_WIDE_GRAPHED, load_params(ROOT / "params.yaml"))
+
+
 def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
     params = load_params(ROOT / "params.yaml")
     assert configs_for(curves.BERT4REC_DEFAULT_RUN, params) == configs_for("bert4rec", params)
