@@ -54,7 +54,7 @@ def _remove_seed(paths: Layout) -> None:
     paths.seeding.unlink(missing_ok=True)
 
 
-def _settle_seeding(root: Path, paths: Layout) -> str:
+def _settle_seeding(root: Path, paths: Layout, params_path: Path | None) -> str:
     """A bootstrap stopped between writing its seed and marking the seed's push (the `seeding` marker holds
     the seed files' sha256 once they were whole): finish it, or undo a seed it had not finished writing —
     never touching what another command wrote since. Returns what it did."""
@@ -69,27 +69,40 @@ def _settle_seeding(root: Path, paths: Layout) -> str:
     if written is None:  # killed while writing it: a part that may be torn
         _remove_seed(paths)
         return "removed"
-    _version_seed(root)  # the whole seed, maybe added already (adding again changes nothing)
+    _version_seed(root, params_path)  # the whole seed, maybe added already (adding again changes nothing)
     paths.seeding.unlink()
     return "versioned"
 
 
-def _push_done(root: Path) -> None:
-    from recsys.config import IngestConfig
+def _ingest_side(root: Path, params_path: Path | None):
+    """Ingest's layout and settings as params.yaml gives them: the seed's push marker and push are ingest's
+    (one home: `ingest.dvc_push: false` means no push from bootstrap either)."""
+    from recsys.config import load_params
     from recsys.ingest.layout import paths as ingest_paths
 
-    ingest_paths(root, IngestConfig()).push_marker.unlink(missing_ok=True)
+    config = load_params(params_path or Layout(root).params).ingest
+    return ingest_paths(root, config), config
 
 
-def _version_seed(root: Path) -> None:
+def _version_seed(root: Path, params_path: Path | None) -> None:
     """`dvc add` the store and mark its push pending (ingest's marker, until a push succeeds: if this run's
     push fails, the next ingest run, which sees the marker, pushes the seed first)."""
-    from recsys.config import IngestConfig
     from recsys.ingest.commit import mark_push_pending
-    from recsys.ingest.layout import paths as ingest_paths
 
     run_dvc(root, "add", Layout(root).data.name)
-    mark_push_pending(ingest_paths(root, IngestConfig()), IngestConfig())
+    mark_push_pending(*_ingest_side(root, params_path))
+
+
+_NOT_PUSHED = " (not pushed: ingest.dvc_push is false)"
+
+
+def _push_seed(root: Path, params_path: Path | None) -> bool:
+    """Ingest's push of a marked store (`recsys.ingest.recovery.complete_push`): a failure raises its
+    sentence and leaves the marker, so the next ingest run pushes the seed first. False: not pushed, as
+    `ingest.dvc_push: false` says."""
+    from recsys.ingest.recovery import complete_push
+
+    return complete_push(*_ingest_side(root, params_path)) is not None
 
 
 def store_has_data(root: Path) -> bool:
@@ -117,10 +130,10 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     if store_has_data(root) and not paths.seeding.exists():
         return "raw store present"
     with workspace_lock(root):
-        if paths.seeding.exists() and _settle_seeding(root, paths) == "versioned":
-            run_dvc(root, "push", paths.data_dvc.name)  # (failing, its marker stays for the next ingest)
-            _push_done(root)
-            return "versioned and pushed the default dataset an interrupted bootstrap had generated"
+        if paths.seeding.exists() and _settle_seeding(root, paths, params_path) == "versioned":
+            if _push_seed(root, params_path):
+                return "versioned and pushed the default dataset an interrupted bootstrap had generated"
+            return f"versioned the default dataset an interrupted bootstrap had generated{_NOT_PUSHED}"
         if store_has_data(root):  # another process bootstrapped while we waited
             return "raw store present"
         pulled = None
@@ -152,12 +165,11 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             write_text_atomic(paths.seeding, json.dumps(_seed_files(paths)), paths.scratch)
             whole = True
             fault_point("seed_written")
-            _version_seed(root)
+            _version_seed(root, params_path)
         except BaseException:
             if not whole:  # a whole seed stays, with its marker: the next run versions it (`_settle_seeding`)
                 _remove_seed(paths)
             raise
         paths.seeding.unlink()
-        run_dvc(root, "push", paths.data_dvc.name)
-        _push_done(root)
-    return "generated the default dataset into data/ and versioned it with DVC"
+        pushed = _push_seed(root, params_path)
+    return f"generated the default dataset into data/ and versioned it with DVC{'' if pushed else _NOT_PUSHED}"

@@ -14,6 +14,7 @@ import yaml
 from dvc_support import point_remote
 
 from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
+from recsys.ingest import IngestError
 from recsys.workspace import DvcError, StageError, run_dvc
 
 # Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
@@ -174,7 +175,9 @@ def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, wri
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the remote folder should be")
     (dvc_repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {blocked}\n")
-    with pytest.raises(DvcError, match=r"^`dvc push data.dvc` failed: ERROR: ") as failed:  # DVC's reason:
+    with pytest.raises(IngestError, match=r"^the DVC remote does not have data version \S+ yet: `dvc push "
+                                          r"data.dvc` failed \(ERROR: .*\); the data is committed locally — run "
+                                          r"`recsys ingest`") as failed:  # ingest's sentence, with DVC's reason
         ensure_raw_store(dvc_repo)  # (--quiet hid it, leaving only DVC's "Having any troubles?" hint)
     assert "\n" not in str(failed.value)
     where = ingest_paths(dvc_repo, IngestConfig())
@@ -185,6 +188,26 @@ def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, wri
     assert not where.push_marker.exists()
     shutil.rmtree(dvc_repo / "data")  # the remote has it now: a fresh clone pulls it
     assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
+
+
+@dvc_slow
+def test_bootstrap_pushes_only_as_ingest_dvc_push_says(dvc_repo, write_params, tmp_path):
+    """Bootstrap pushed the seed whatever params.yaml said: with `ingest.dvc_push: false` and a remote it
+    cannot write, it stopped with DVC's error and left ingest a push marker. Now the seed is versioned and
+    not pushed, nothing is marked, and the line says so."""
+    from recsys.config import load_params
+    from recsys.ingest.layout import has_work
+    from recsys.ingest.layout import paths as ingest_paths
+
+    write_params({"ingest": {"dvc_push": False}}, path=dvc_repo / "params.yaml")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the remote folder should be")
+    (dvc_repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {blocked}\n")
+    said = ensure_raw_store(dvc_repo)
+    assert said == "generated the default dataset into data/ and versioned it with DVC (not pushed: " \
+                   "ingest.dvc_push is false)"
+    where = ingest_paths(dvc_repo, load_params(dvc_repo / "params.yaml").ingest)
+    assert _seed_recorded(dvc_repo) and not where.push_marker.exists() and not has_work(where)
 
 
 def _seed_recorded(repo) -> bool:
