@@ -18,9 +18,6 @@ from recsys.faults import fault_point
 from recsys.layout import Layout
 from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
 
-SEED_FILES = 2  # what `recsys.data.write_store` writes: the seed part and items.csv
-
-
 class BootstrapError(RuntimeError):
     """The raw store is missing and cannot be recreated here; the message says what to run."""
 
@@ -143,7 +140,7 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             if pulled.returncode == 0 and store_has_data(root):
                 return "raw store pulled from the DVC remote"
         recorded = _recorded_files(paths.data_dvc)
-        if recorded is not None and recorded > SEED_FILES:
+        if recorded is not None and recorded > len(_seed_names()):  # more than the seed
             why = dvc_error_line(pulled.stderr or pulled.stdout) if pulled else ""
             raise BootstrapError(
                 f"{paths.data_dvc.name} records {recorded} files of ingested data that `dvc pull` could not "

@@ -316,3 +316,14 @@ def test_generate_plants_time_effect():
     assert (jump & leisure).sum() > 30 and (jump & ~leisure).sum() > 30
     # Evening/weekend jumps favour odd genres; working-hours jumps favour even ones.
     assert odd[jump & leisure].mean() - odd[jump & ~leisure].mean() > 0.3
+
+
+def test_bootstrap_knows_the_files_the_seed_is_written_as(tmp_path):
+    """Bootstrap tells its seed from ingested data by the seed's file names (and data.dvc's file count): they
+    must be what `write_store` writes."""
+    from recsys.bootstrap import _seed_names
+    from recsys.data import generate, write_store
+
+    write_store(generate(GenerateConfig(n_users=20, n_items=15, mean_events_per_user=6)), tmp_path)
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(_seed_names())
