@@ -115,6 +115,7 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     merged = watch is not None
     proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True)
+    record = _record_running(root, proc)
     try:
         if not merged:
             stdout, stderr = proc.communicate()
@@ -133,6 +134,8 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     finally:
         if proc.poll() is None:
             stop_process_tree(proc)
+        if record is not None:
+            record.unlink(missing_ok=True)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
         log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
@@ -146,19 +149,34 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     nothing waits for it), SIGKILL to what is left after `grace` seconds — also when a second interrupt
     arrives — and to `proc` itself whatever the process table said (a child that vanished while the tree
     was read must not leave `proc` running and this call waiting on it)."""
+    import psutil
+
+    try:
+        _stop_tree(lambda: psutil.Process(proc.pid), grace)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        log.warning("stopped `%s` (pid %d) and the processes it started", " ".join(map(str, proc.args[1:])),
+                    proc.pid)
+
+
+def _stop_tree(leader_of: Callable[[], object], grace: float) -> None:
+    """SIGINT to a process and all under it, SIGKILL to what is left after `grace` seconds (or at a second
+    interrupt). `leader_of()` gives the psutil.Process, or raises psutil.Error once it is gone."""
     import signal
 
     import psutil
 
     def tree() -> list[psutil.Process]:
         try:
-            leader = psutil.Process(proc.pid)
+            leader = leader_of()
         except psutil.Error:
             return []
         try:
-            return [leader, *leader.children(recursive=True)]
+            return [leader, *leader.children(recursive=True)]  # type: ignore[attr-defined]
         except psutil.Error:
-            return [leader]
+            return [leader]  # type: ignore[list-item]
 
     found = tree()
     try:
@@ -170,11 +188,76 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
         for process in [*found, *tree()]:  # (and what started meanwhile)
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait()
-        log.warning("stopped `%s` (pid %d) and the processes it started", " ".join(map(str, proc.args[1:])),
-                    proc.pid)
+
+
+RUNNING = "dvc-running"  # inside STATE: one record per `dvc` process `run_dvc` started and has not seen end
+
+
+def _started(pid: int) -> float | None:
+    """A process's start time (with its pid, what tells it from a later process given the same pid)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _record_running(root: Path, proc: subprocess.Popen) -> Path | None:
+    """Note the `dvc` process `run_dvc` started, and its caller, until it ends: if the caller is killed
+    outright (SIGKILL, the OOM killer), nothing stops DVC and its stages, and the next writer of this
+    workspace stops them (`stop_orphaned_dvc`). None when the note cannot be written (a read-only state
+    folder): the run goes on without it."""
+    import json
+
+    started = _started(proc.pid)
+    if started is None:  # already ended
+        return None
+    folder = Path(root) / STATE_DIR / RUNNING
+    record = folder / f"{proc.pid}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"pid": proc.pid, "started": started, "caller": os.getpid(),
+                                      "caller_started": _started(os.getpid()), "args": list(proc.args[1:])}),
+                          encoding="utf-8")
+    except OSError as err:
+        log.debug("could not note `dvc` pid %d: %s", proc.pid, err)
+        return None
+    return record
+
+
+def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
+    """Stop every `dvc` process a killed caller left running in this workspace (with the stages under it),
+    and forget the records of those that ended; returns what was stopped. A record whose caller lives (its
+    pid with the same start time) is left alone: that run is someone's, still in progress."""
+    import json
+
+    import psutil
+
+    stopped = []
+    for record in sorted((Path(root) / STATE_DIR / RUNNING).glob("*.json")):
+        try:
+            note = json.loads(record.read_text(encoding="utf-8"))
+            pid, started = int(note["pid"]), float(note["started"])
+            caller, caller_started = int(note["caller"]), note.get("caller_started")
+        except (OSError, ValueError, KeyError, TypeError):
+            record.unlink(missing_ok=True)  # torn by a kill while it was written: its process is unknown
+            continue
+        if caller_started is not None and _started(caller) == caller_started:
+            continue  # its caller is alive: not an orphan
+        if pid in {process.pid for process in psutil.Process().parents()}:
+            continue  # this process runs under it (a stage of that `dvc repro`): its caller's successor stops it
+        if _started(pid) == started:
+
+            def leader(pid: int = pid) -> psutil.Process:
+                return psutil.Process(pid)
+
+            _stop_tree(leader, grace)
+            what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
+            log.warning("stopped %s and its stages: a run killed before it ended left it running", what)
+            stopped.append(what)
+        record.unlink(missing_ok=True)
+    return stopped
 
 
 LOCK_HOLDER_ENV = "RECSYS_WORKSPACE_LOCK_HOLDER"  # "<pid>:<state dir>" while a process holds the lock
@@ -187,6 +270,8 @@ def workspace_lock(root: Path) -> Iterator[None]:
     A process started by the holder (the retrain flow's `dvc repro` running `prepare`, which recovers
     the store first) shares the lock: the holder puts its pid in the environment its children inherit,
     and a child that finds a living holder for the same workspace other than itself does not wait for it.
+    A holder killed outright releases the flock but not the `dvc` it started: the next holder stops that
+    first (`stop_orphaned_dvc`).
     """
     state = (Path(root) / STATE_DIR).resolve()
     if _held_by_ancestor(state):
@@ -198,6 +283,7 @@ def workspace_lock(root: Path) -> Iterator[None]:
         previous = os.environ.get(LOCK_HOLDER_ENV)
         os.environ[LOCK_HOLDER_ENV] = f"{os.getpid()}:{state}"
         try:
+            stop_orphaned_dvc(Path(root))  # a killed holder's DVC would hold DVC's lock against this one
             yield
         finally:
             if previous is None:

@@ -112,6 +112,51 @@ def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo
 
 
 @dvc_slow
+def test_dvc_left_running_by_a_killed_caller_is_stopped_by_the_next_lock_holder(dvc_repo, tmp_path):
+    """A caller killed outright (SIGKILL, the OOM killer) cannot stop the `dvc repro` it started: DVC and its
+    stage trained on for nobody, holding DVC's lock, and the next run failed on it. The next holder of the
+    workspace lock stops them first; a living caller's DVC is never touched."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from recsys.workspace import RUNNING, STATE_DIR, stop_orphaned_dvc, workspace_lock
+
+    started = tmp_path / "stage.pid"
+    write_stages(dvc_repo, slow=f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text("
+                                "str(os.getpid()))\ntime.sleep(600)\n")
+    code = "from pathlib import Path\nfrom recsys.workspace import run_dvc\nrun_dvc(Path('.'), 'repro', 'slow')\n"
+    caller = subprocess.Popen([sys.executable, "-c", code], cwd=dvc_repo)
+    tracked = [psutil.Process(caller.pid)]
+    try:
+        deadline = time.monotonic() + 300
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stage = int(started.read_text())
+        tracked += psutil.Process(caller.pid).children(recursive=True)
+        dvc_pids = [p.pid for p in tracked[1:]]
+        assert stage in dvc_pids
+        records = list((dvc_repo / STATE_DIR / RUNNING).glob("*.json"))
+        assert len(records) == 1  # the dvc process, noted while it runs
+        assert stop_orphaned_dvc(dvc_repo) == [] and all(_alive(pid) for pid in dvc_pids)  # its caller lives
+        os.kill(caller.pid, signal.SIGKILL)
+        caller.wait(timeout=60)
+        time.sleep(1)
+        assert all(_alive(pid) for pid in dvc_pids)  # what a SIGKILL leaves: DVC and the stage, running on
+        with workspace_lock(dvc_repo):
+            assert not [pid for pid in dvc_pids if _alive(pid)]
+            assert not records[0].exists()
+            done = run_dvc(dvc_repo, "status")  # DVC's lock is free for the next run
+            assert done.returncode == 0
+    finally:  # a failing test leaves nothing running either
+        for leftover in tracked:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
+
+
+@dvc_slow
 def test_run_dvc_streams_with_a_watch_callback(dvc_repo):
     write_stages(dvc_repo, slow="import time\ntime.sleep(1.5)\nprint('done here')\n")
     calls = []

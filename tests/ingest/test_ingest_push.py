@@ -69,6 +69,7 @@ def leftovers(repo):
     found += list((state / "pending").iterdir()) if (state / "pending").exists() else []
     found += [p for p in (repo / "data" / "interactions").iterdir() if p.name.startswith(".")]
     found += [state / "push-pending.json"] if (state / "push-pending.json").exists() else []
+    found += list((state / "dvc-running").glob("*"))  # notes of `dvc` processes a killed run started
     return found
 
 
