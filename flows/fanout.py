@@ -19,7 +19,7 @@ from prefect import get_run_logger
 
 from flows.zombies import TAG
 from recsys import fanout
-from recsys.config import ConfigError, load_params
+from recsys.config import ConfigError
 from recsys.layout import Layout
 from recsys.retraining import epochs_override
 from recsys.workspace import run_dvc, workspace_lock
@@ -163,14 +163,13 @@ def _pool_of(deployment: str) -> str:
         return client.read_deployment_by_name(deployment).work_pool_name or "?"
 
 
-def reproduce_on_workers(root: Path, models: list[str], deployment: str, epochs: int | None,
-                         force: bool = False, idle_minutes: float = fanout.IDLE_MINUTES) -> list[str]:
-    """Prepare here, train + evaluate each stale model on a worker, restore everything here from the
-    run-cache. Returns the stages that ran (here or on a worker), like the serial `dvc repro`."""
+def reproduce_on_workers(root: Path, models: list[str], deployment: str, commit: str, epochs: int | None,
+                         idle_minutes: float = fanout.IDLE_MINUTES) -> list[str]:
+    """Prepare here, train + evaluate each stale model on a worker at `commit` (`fanout.committed_head`, after
+    `fanout.check_fan_out`: the retrain flow runs both before anything else), restore everything here from
+    the run-cache. Returns the stages that ran (here or on a worker), like the serial `dvc repro`."""
     logger = get_run_logger()
     paths = Layout(root)
-    fanout.check_fan_out(load_params(paths.params), models, force)
-    commit = fanout.committed_head(root)
     targets = [f"evaluate@{m}" for m in models]
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
         ran = fanout.running_stages(run_dvc(root, "repro", "prepare").stdout)

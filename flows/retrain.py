@@ -114,12 +114,13 @@ def promote_candidate(root: str, candidate: str, params_path: str | None = None)
 
 
 @task(name="fan-out")
-def fan_out_stages(root: str, models: list[str], deployment: str, epochs: int | None, force: bool,
+def fan_out_stages(root: str, models: list[str], deployment: str, commit: str, epochs: int | None,
                    idle_minutes: float) -> list[str]:
-    """Train + evaluate each stale model on a worker of `deployment`'s pool; restore them here (flows.fanout)."""
+    """Train + evaluate each stale model on a worker of `deployment`'s pool, at `commit` (the HEAD the flow's
+    checks found committed and pushed); restore them here (flows.fanout)."""
     from flows.fanout import reproduce_on_workers
 
-    ran = reproduce_on_workers(Path(root), models, deployment, epochs, force, idle_minutes)
+    ran = reproduce_on_workers(Path(root), models, deployment, commit, epochs, idle_minutes)
     prune_resume_state(Layout(Path(root)).resume, models)
     return ran
 
@@ -168,11 +169,12 @@ def retrain(
         logger.warning("params.yaml: put back the original that an interrupted --epochs run left rewritten")
     params = load_params(paths.params)
     selected = select_models(params, models)
-    if fan_out:  # refuse what fan-out cannot do before anything runs
+    commit = None
+    if fan_out:  # refuse what fan-out cannot do before anything runs (the one place these checks run)
         from flows.fanout import check_deployment
 
         check_fan_out(params, selected, force, root)
-        committed_head(root)
+        commit = committed_head(root)
         check_deployment(fan_out)
     bootstrap(str(root))
     for line in warm_sources(str(root)):
@@ -184,7 +186,7 @@ def retrain(
                 " (--force reruns every selected model)" if force else "")
     ran = []
     if stale or force or epochs is not None:
-        ran = (fan_out_stages(str(root), selected, fan_out, epochs, force, fan_out_idle_minutes) if fan_out
+        ran = (fan_out_stages(str(root), selected, fan_out, commit, epochs, fan_out_idle_minutes) if fan_out
                else reproduce(str(root), targets, force, epochs, selected))
     results = collect_results(str(root), selected)
     candidate = choose_candidate(results)
