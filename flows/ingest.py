@@ -51,18 +51,18 @@ def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
     return dataclasses.replace(config, inbox=inbox)
 
 
-def has_batches_or_unfinished_work(repo_root: str, inbox: str | None) -> bool:
+def has_batches_or_unfinished_work(repo_root: str, config: IngestConfig) -> bool:
     """`recsys.ingest.layout.has_work` for this repository and inbox: a few stats, before any ingest code loads."""
-    return has_work(ingest_paths(repo_root, ingest_config(repo_root, inbox)))
+    return has_work(ingest_paths(repo_root, config))
 
 
 @task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
-def ingest_inbox_task(repo_root: str, inbox: str | None) -> dict[str, Any]:
+def ingest_inbox_task(repo_root: str, config: IngestConfig) -> dict[str, Any]:
     """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
     next run, pushes first)."""
     from recsys.ingest import ingest_inbox
 
-    run = ingest_inbox(Path(repo_root), ingest_config(repo_root, inbox))
+    run = ingest_inbox(Path(repo_root), config)
     return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
 
 
@@ -76,11 +76,11 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
         repo_root: the repository (DVC workspace) to ingest into; its params.yaml is read.
     """
     quiet_console()
-    ingest_config(repo_root, inbox)  # a bad inbox is refused before anything runs
+    config = ingest_config(repo_root, inbox)  # read once; a bad inbox is refused before anything runs
     logger = get_run_logger()
     bootstrap(repo_root)
-    if has_batches_or_unfinished_work(repo_root, inbox):
-        done = ingest_inbox_task(repo_root, inbox)
+    if has_batches_or_unfinished_work(repo_root, config):
+        done = ingest_inbox_task(repo_root, config)
     else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task
         logger.info(NOTHING_TO_INGEST)
         done = {"summaries": [], "actions": []}

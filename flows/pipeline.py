@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, quiet_console, run_main
-from flows.ingest import has_batches_or_unfinished_work, ingest, summarise
+from flows.ingest import has_batches_or_unfinished_work, ingest, ingest_config, summarise
 from flows.retrain import add_fan_out_arguments, check_run_parameters, retrain
 from recsys.entry import ArgumentParser, positive_int
 from recsys.fanout import IDLE_MINUTES
@@ -51,7 +51,7 @@ def pipeline(
     # before ingest: retrain would refuse them
     quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
-    if has_batches_or_unfinished_work(repo_root, inbox):
+    if has_batches_or_unfinished_work(repo_root, ingest_config(repo_root, inbox)):  # (a bad inbox: refused)
         ingested = ingest(inbox=inbox, repo_root=repo_root)
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
         get_run_logger().info(NOTHING_TO_INGEST)
