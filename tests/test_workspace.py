@@ -59,30 +59,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended
 
 
-@dvc_slow
-@pytest.mark.parametrize(("sig", "watch"), [("SIGTERM", True), ("SIGINT", False)])
-def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo, tmp_path, sig, watch):
-    """A cancelled Prefect run (SIGTERM, which Prefect's flow engine raises as an exception) or Ctrl-C: the
-    `dvc repro` it started and the stage that one runs went on training after the run ended, holding DVC's
-    lock, so the next run failed on it. (SIGINT here reaches the caller alone, as a cancel's SIGTERM does.)"""
-    import signal
+@contextlib.contextmanager
+def _caller_running_a_stage(repo, tmp_path, caller_code: str):
+    """A process running `caller_code` in `repo` (which runs `dvc repro slow`), once the stage is running:
+    yields (caller, the pids under it: dvc, a shell, the stage). Whatever the test did, nothing it started
+    is left running afterwards."""
     import subprocess
     import time
 
-    started = tmp_path / "stage.pid"
-    write_stages(dvc_repo, slow=f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text("
-                                "str(os.getpid()))\ntime.sleep(600)\n")
-    caller = subprocess.Popen([sys.executable, "-c", (
-        "import signal, sys\n"
-        "from pathlib import Path\n"
-        "def terminated(*_): raise SystemExit(143)  # as Prefect's bridge raises TerminationSignal\n"
-        "signal.signal(signal.SIGTERM, terminated)\n"
-        "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal\n"
-        "from recsys.workspace import run_dvc\n"
-        f"run_dvc(Path('.'), 'repro', 'slow'{', watch=lambda: None, interval=0.2' if watch else ''})\n")],
-        cwd=dvc_repo)
     import psutil
 
+    started = tmp_path / "stage.pid"
+    write_stages(repo, slow=f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text("
+                            "str(os.getpid()))\ntime.sleep(600)\n")
+    caller = subprocess.Popen([sys.executable, "-c", caller_code], cwd=repo)
     tracked = [psutil.Process(caller.pid)]
     try:
         deadline = time.monotonic() + 300
@@ -92,6 +82,32 @@ def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo
         tracked += psutil.Process(caller.pid).children(recursive=True)
         dvc_pids = [p.pid for p in tracked[1:]]
         assert stage in dvc_pids and len(dvc_pids) >= 2  # dvc, and the stage (and a shell between them)
+        yield caller, dvc_pids
+    finally:  # (only what it started: not a worker's server)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tracked += psutil.Process(caller.pid).children(recursive=True)
+        for leftover in tracked:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
+
+
+@dvc_slow
+@pytest.mark.parametrize(("sig", "watch"), [("SIGTERM", True), ("SIGINT", False)])
+def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo, tmp_path, sig, watch):
+    """A cancelled Prefect run (SIGTERM, which Prefect's flow engine raises as an exception) or Ctrl-C: the
+    `dvc repro` it started and the stage that one runs went on training after the run ended, holding DVC's
+    lock, so the next run failed on it. (SIGINT here reaches the caller alone, as a cancel's SIGTERM does.)"""
+    import signal
+    import time
+
+    code = ("import signal, sys\n"
+            "from pathlib import Path\n"
+            "def terminated(*_): raise SystemExit(143)  # as Prefect's bridge raises TerminationSignal\n"
+            "signal.signal(signal.SIGTERM, terminated)\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal\n"
+            "from recsys.workspace import run_dvc\n"
+            f"run_dvc(Path('.'), 'repro', 'slow'{', watch=lambda: None, interval=0.2' if watch else ''})\n")
+    with _caller_running_a_stage(dvc_repo, tmp_path, code) as (caller, dvc_pids):
         assert {os.getpgid(pid) for pid in dvc_pids} == {os.getpgid(caller.pid)}  # a group kill reaches them
         os.kill(caller.pid, getattr(signal, sig))
         caller.wait(timeout=120)
@@ -101,12 +117,6 @@ def test_an_interrupted_caller_leaves_neither_dvc_nor_its_stage_running(dvc_repo
         assert not [pid for pid in dvc_pids if _alive(pid)]
         # (Whether the stage got to remove its temp file is not asserted: on a loaded box it did not, twice
         # in one run — SIGINT comes first, but nothing guarantees the stage its cleanup before the SIGKILL.)
-    finally:  # a failing test leaves nothing running either (only what it started: not a worker's server)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            tracked += psutil.Process(caller.pid).children(recursive=True)
-        for leftover in tracked:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                leftover.kill()
     done = run_dvc(dvc_repo, "status")  # and DVC's lock is free for the next run
     assert done.returncode == 0
 
@@ -117,27 +127,12 @@ def test_dvc_left_running_by_a_killed_caller_is_stopped_by_the_next_lock_holder(
     stage trained on for nobody, holding DVC's lock, and the next run failed on it. The next holder of the
     workspace lock stops them first; a living caller's DVC is never touched."""
     import signal
-    import subprocess
     import time
-
-    import psutil
 
     from recsys.workspace import RUNNING, STATE_DIR, stop_orphaned_dvc, workspace_lock
 
-    started = tmp_path / "stage.pid"
-    write_stages(dvc_repo, slow=f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text("
-                                "str(os.getpid()))\ntime.sleep(600)\n")
     code = "from pathlib import Path\nfrom recsys.workspace import run_dvc\nrun_dvc(Path('.'), 'repro', 'slow')\n"
-    caller = subprocess.Popen([sys.executable, "-c", code], cwd=dvc_repo)
-    tracked = [psutil.Process(caller.pid)]
-    try:
-        deadline = time.monotonic() + 300
-        while not started.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        stage = int(started.read_text())
-        tracked += psutil.Process(caller.pid).children(recursive=True)
-        dvc_pids = [p.pid for p in tracked[1:]]
-        assert stage in dvc_pids
+    with _caller_running_a_stage(dvc_repo, tmp_path, code) as (caller, dvc_pids):
         records = list((dvc_repo / STATE_DIR / RUNNING).glob("*.json"))
         assert len(records) == 1  # the dvc process, noted while it runs
         assert stop_orphaned_dvc(dvc_repo) == [] and all(_alive(pid) for pid in dvc_pids)  # its caller lives
@@ -150,10 +145,6 @@ def test_dvc_left_running_by_a_killed_caller_is_stopped_by_the_next_lock_holder(
             assert not records[0].exists()
             done = run_dvc(dvc_repo, "status")  # DVC's lock is free for the next run
             assert done.returncode == 0
-    finally:  # a failing test leaves nothing running either
-        for leftover in tracked:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                leftover.kill()
 
 
 @dvc_slow
