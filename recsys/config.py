@@ -221,6 +221,11 @@ class IngestConfig:
     extra_columns: Literal["reject", "drop"] = "reject"
 
     def __post_init__(self) -> None:
+        from recsys.layout import DATA
+
+        if self.store != DATA:  # bootstrap, dvc.yaml's prepare stage and data.dvc all name it
+            raise ValueError(f"ingest.store must be {DATA!r} (the raw store data.dvc versions and dvc.yaml's "
+                             f"prepare stage reads; the layout is fixed), got {self.store!r}: remove the setting")
         if self.column_mapping:  # (the schema module loads pyarrow: only when there is a mapping to check)
             from recsys.schema import mapping_problem
 

@@ -132,10 +132,11 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
             reader.join(timeout=10)
             stdout, stderr = "".join(lines), ""
     finally:
-        if proc.poll() is None:
-            stop_process_tree(proc)
-        if record is not None:
-            record.unlink(missing_ok=True)
+        try:
+            if proc.poll() is None:
+                stop_process_tree(proc)
+        finally:  # (a second Ctrl-C while it stops must not leave the note behind)
+            _forget(record)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
         log.debug("`dvc %s` output:\n%s\n%s", " ".join(args), done.stdout, done.stderr)
@@ -190,15 +191,20 @@ def _stop_tree(leader_of: Callable[[], object], grace: float) -> None:
                 process.kill()
 
 
-RUNNING = "dvc-running"  # inside STATE: one record per `dvc` process `run_dvc` started and has not seen end
+RUNNING = "dvc-running"  # inside STATE: one note per `dvc` process `run_dvc` started and has not seen end
+TORN_AFTER_S = 60.0  # a note that does not parse is a torn one (its writer was killed) once this old
 
 
-def _started(pid: int) -> float | None:
-    """A process's start time (with its pid, what tells it from a later process given the same pid)."""
+def _process(pid: int, started: float | None):
+    """The psutil.Process with this pid and start time — alive, not a zombie — or None (ended, or another
+    process that has since been given the same pid)."""
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if started is not None and process.create_time() != started:
+            return None
+        return None if process.status() == psutil.STATUS_ZOMBIE else process
     except psutil.Error:
         return None
 
@@ -210,53 +216,81 @@ def _record_running(root: Path, proc: subprocess.Popen) -> Path | None:
     folder): the run goes on without it."""
     import json
 
-    started = _started(proc.pid)
-    if started is None:  # already ended
+    dvc, caller = _process(proc.pid, None), _process(os.getpid(), None)
+    if dvc is None or caller is None:  # already ended
         return None
     folder = Path(root) / STATE_DIR / RUNNING
     record = folder / f"{proc.pid}.json"
+    note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
+            "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:]))}
+    tmp = folder / f".{proc.pid}.{os.getpid()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"pid": proc.pid, "started": started, "caller": os.getpid(),
-                                      "caller_started": _started(os.getpid()), "args": list(proc.args[1:])}),
-                          encoding="utf-8")
+        tmp.write_text(json.dumps(note), encoding="utf-8")
+        os.replace(tmp, record)  # whole or absent: a reader never sees half a note
     except OSError as err:
         log.debug("could not note `dvc` pid %d: %s", proc.pid, err)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         return None
     return record
 
 
+def _forget(record: Path | None) -> None:
+    if record is not None:
+        with contextlib.suppress(OSError):
+            record.unlink(missing_ok=True)
+
+
 def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
     """Stop every `dvc` process a killed caller left running in this workspace (with the stages under it),
-    and forget the records of those that ended; returns what was stopped. A record whose caller lives (its
-    pid with the same start time) is left alone: that run is someone's, still in progress."""
+    and forget the notes of those that ended; returns what was stopped. A note whose caller lives (its pid
+    with the same start time, not a zombie) is left alone: that run is someone's, still in progress. Never
+    raises for the notes' sake: what cannot be read or stopped is logged and left for the next holder."""
     import json
+    import time
 
     import psutil
 
     stopped = []
-    for record in sorted((Path(root) / STATE_DIR / RUNNING).glob("*.json")):
+    try:
+        records = sorted((Path(root) / STATE_DIR / RUNNING).glob("*.json"))
+    except OSError as err:
+        log.warning("could not read the notes of running dvc processes: %s", err)
+        return stopped
+    for record in records:
         try:
             note = json.loads(record.read_text(encoding="utf-8"))
             pid, started = int(note["pid"]), float(note["started"])
-            caller, caller_started = int(note["caller"]), note.get("caller_started")
+            caller, caller_started = int(note["caller"]), float(note["caller_started"])
+        except FileNotFoundError:
+            continue  # its run ended meanwhile
         except (OSError, ValueError, KeyError, TypeError):
-            record.unlink(missing_ok=True)  # torn by a kill while it was written: its process is unknown
+            with contextlib.suppress(OSError):
+                if time.time() - record.stat().st_mtime > TORN_AFTER_S:
+                    record.unlink()  # (notes are written whole: this one is not a note)
             continue
-        if caller_started is not None and _started(caller) == caller_started:
+        if _process(caller, caller_started) is not None:
             continue  # its caller is alive: not an orphan
-        if pid in {process.pid for process in psutil.Process().parents()}:
-            continue  # this process runs under it (a stage of that `dvc repro`): its caller's successor stops it
-        if _started(pid) == started:
+        leader = _process(pid, started)
+        if leader is not None and pid in {process.pid for process in psutil.Process().parents()}:
+            continue  # this process runs under it (a stage of that `dvc repro`): the next holder stops it
+        if leader is not None:
 
-            def leader(pid: int = pid) -> psutil.Process:
-                return psutil.Process(pid)
+            def leader_of(leader: psutil.Process = leader) -> psutil.Process:
+                if not leader.is_running():  # (is_running compares the start time: never a reused pid)
+                    raise psutil.NoSuchProcess(leader.pid)
+                return leader
 
-            _stop_tree(leader, grace)
+            _stop_tree(leader_of, grace)
             what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
+            if _process(pid, started) is not None:  # (a process we may not signal: another user's)
+                log.error("could not stop %s, which a killed run left running; it may hold DVC's lock: stop "
+                          "it by hand (kill %d)", what, pid)
+                continue
             log.warning("stopped %s and its stages: a run killed before it ended left it running", what)
             stopped.append(what)
-        record.unlink(missing_ok=True)
+        _forget(record)
     return stopped
 
 

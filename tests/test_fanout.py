@@ -98,7 +98,7 @@ def test_uncommitted_code_lists_changed_and_new_stage_code_only(tmp_path):
 
 def test_a_commit_no_remote_branch_holds_is_unpushed(tmp_path):
     """The workers check out the coordinator's HEAD from the repository they clone: a commit only this
-    checkout holds is refused before anything is dispatched (`reproduce_on_workers`)."""
+    checkout holds is refused before anything is dispatched (the retrain flow's `committed_head`)."""
     seed = tmp_path / "seed"
     seed.mkdir()
     (seed / "a.txt").write_text("a\n")

@@ -379,3 +379,54 @@ def test_a_full_disk_while_the_override_writes_leaves_params_whole(tmp_path, mon
         pass
     assert params.read_text() == PARAMS_TEXT
     assert not (tmp_path / ".ingest" / "params.yaml.orig").exists()
+
+
+def _note(repo, pid: int, started: float, caller: int, caller_started: float, args=("repro",)):
+    import json
+
+    from recsys.workspace import RUNNING, STATE_DIR
+
+    folder = repo / STATE_DIR / RUNNING
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{pid}.json"
+    path.write_text(json.dumps({"pid": pid, "started": started, "caller": caller, "caller_started": caller_started,
+                                "args": list(args)}))
+    return path
+
+
+def test_orphan_notes_judge_callers_and_processes_by_pid_and_start_time(tmp_path):
+    """`stop_orphaned_dvc` on notes written by hand, with real processes: a killed caller not yet reaped (a
+    zombie) is dead; a pid now held by another process (start time differs) is never signalled; a note
+    that does not parse is removed only once it is older than a writer could still be writing it."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from recsys.workspace import TORN_AFTER_S, stop_orphaned_dvc
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    caller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        started = psutil.Process(sleeper.pid).create_time()
+        caller_started = psutil.Process(caller.pid).create_time()
+        reused = _note(tmp_path, sleeper.pid, started - 5.0, caller.pid, caller_started - 5.0)
+        living = _note(tmp_path, os.getpid(), psutil.Process().create_time(), caller.pid, caller_started)
+        assert stop_orphaned_dvc(tmp_path) == []  # the caller lives: the second note is left alone
+        assert sleeper.poll() is None and not reused.exists() and living.exists()  # the first: another process
+        living.unlink()
+        orphan = _note(tmp_path, sleeper.pid, started, caller.pid, caller_started, args=("repro", "slow"))
+        caller.kill()
+        time.sleep(0.5)
+        assert psutil.Process(caller.pid).status() == psutil.STATUS_ZOMBIE  # killed, not reaped by its parent
+        assert stop_orphaned_dvc(tmp_path, grace=5) == [f"`dvc repro slow` (pid {sleeper.pid})"]
+        assert sleeper.wait(timeout=30) is not None and not orphan.exists()
+        torn = orphan.parent / "123.json"
+        torn.write_text('{"pid": 12')
+        assert stop_orphaned_dvc(tmp_path) == [] and torn.exists()  # maybe still being written
+        os.utime(torn, (time.time() - TORN_AFTER_S - 1,) * 2)
+        assert stop_orphaned_dvc(tmp_path) == [] and not torn.exists()
+    finally:
+        for process in (sleeper, caller):
+            process.kill()
+            process.wait()
