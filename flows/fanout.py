@@ -29,9 +29,10 @@ RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when it
 STARTED = {"PENDING", "RUNNING", "CANCELLING"}  # state types of a run some worker has taken
 
 
-def check_deployment(deployment: str) -> None:
+def check_deployment(deployment: str, root: Path, commit: str) -> None:
     """The deployment exists on this API (else one line saying how to create it); warn when its pool has no
-    worker online (the runs then wait, Scheduled, until one starts)."""
+    worker online (the runs then wait, Scheduled, until one starts), and when its workers clone another
+    repository than `origin`, against which `commit` was found pushed (`fanout.clone_mismatch`)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -43,6 +44,9 @@ def check_deployment(deployment: str) -> None:
         pool = found.work_pool_name
         online = [w for w in client.read_workers_for_work_pool(pool) if str(w.status).upper().endswith("ONLINE")] \
             if pool else []
+    elsewhere = fanout.clone_mismatch(root, commit, found.pull_steps)
+    if elsewhere:
+        get_run_logger().warning("fan-out: %s", elsewhere)
     if not online:
         get_run_logger().warning("fan-out: no worker of pool %s is online; the runs wait until one starts "
                                  "(`prefect worker start --pool %s --limit 1`)", pool, pool)

@@ -175,7 +175,7 @@ def retrain(
 
         check_fan_out(params, selected, force, root)
         commit = committed_head(root)
-        check_deployment(fan_out)
+        check_deployment(fan_out, root, commit)
     bootstrap(str(root))
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)

@@ -165,6 +165,41 @@ def unpushed(root: Path, commit: str) -> bool:
     return not done.stdout.strip()
 
 
+def clone_urls(pull_steps: list[dict[str, Any]] | None) -> list[str]:
+    """The repositories a Prefect deployment's pull steps clone (its `git_clone` steps)."""
+    urls = []
+    for step in pull_steps or []:
+        for name, body in (step or {}).items():
+            if str(name).endswith("git_clone") and isinstance(body, dict) and body.get("repository"):
+                urls.append(str(body["repository"]))
+    return urls
+
+
+def _repository_key(url: str) -> str:
+    """A repository address compared loosely: without a trailing `/` or `.git`, a local path (or file://
+    URL) resolved."""
+    url = url.strip().rstrip("/")
+    url = url.removeprefix("file://")
+    url = url.removesuffix(".git")
+    return str(Path(url).resolve()) if url.startswith(("/", ".")) else url
+
+
+def clone_mismatch(root: Path, commit: str, pull_steps: list[dict[str, Any]] | None) -> str | None:
+    """Why `committed_head`'s push check may not hold for the workers: they clone another repository than
+    this checkout's `origin` (the deployment's pull step names it, e.g. RECSYS_GIT_URL at deploy time).
+    None when they clone `origin`, or when either is unknown."""
+    origin = _git(root, "remote", "get-url", "origin")
+    urls = clone_urls(pull_steps)
+    if origin.returncode != 0 or not urls:
+        return None
+    here = origin.stdout.strip()
+    if any(_repository_key(url) == _repository_key(here) for url in urls):
+        return None
+    return (f"the workers clone {urls[0]} (the deployment's pull step) but this checkout's origin is {here}: "
+            f"HEAD {commit[:12]} was checked against origin only; push it to {urls[0]} too (or redeploy with "
+            "RECSYS_GIT_URL set to origin's URL)")
+
+
 def committed_head(root: Path) -> str:
     """HEAD, once it is what the workers will run: no stage code differs from it, and `origin` holds it."""
     commit = head_commit(root)

@@ -393,3 +393,28 @@ def test_models_without_names_is_a_usage_error(module, capsys):
         done.value.code == 2
         and "argument --models: expected at least one argument" in capsys.readouterr().err
     )
+
+
+def test_workers_cloning_another_repository_than_origin_are_named(tmp_path):
+    """`committed_head` checks the commit against `origin`; the workers clone the deployment's pull-step
+    repository (RECSYS_GIT_URL at deploy time). The same repository spelled another way (file:// URL, .git,
+    a trailing slash) is the same; another one is named, with what to do; unknown either way, nothing."""
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "a.txt").write_text("a\n")
+    git(seed, "init", "-q")
+    git(seed, "add", "-A")
+    git(seed, "commit", "-qm", "a")
+    clone = lambda url: [{"prefect.deployments.steps.git_clone": {"id": "clone", "repository": url}}]  # noqa: E731
+    assert fanout.clone_mismatch(seed, SHA, clone("git@git.internal:team/recsys.git")) is None  # no origin
+    git(tmp_path, "clone", "-q", "--bare", str(seed), str(tmp_path / "team.git"))
+    git(tmp_path, "clone", "-q", str(tmp_path / "team.git"), str(tmp_path / "mine"))
+    mine = tmp_path / "mine"
+    for same in (f"file://{tmp_path / 'team.git'}", f"{tmp_path / 'team'}/", str(tmp_path / "team.git")):
+        assert fanout.clone_mismatch(mine, SHA, clone(same)) is None, same
+    assert fanout.clone_mismatch(mine, SHA, []) is None  # no clone step: its runs use the worker's folder
+    said = fanout.clone_mismatch(mine, SHA, clone("git@git.internal:team/recsys.git"))
+    assert said == (f"the workers clone git@git.internal:team/recsys.git (the deployment's pull step) but this "
+                    f"checkout's origin is {tmp_path / 'team.git'}: HEAD {SHA[:12]} was checked against origin "
+                    "only; push it to git@git.internal:team/recsys.git too (or redeploy with RECSYS_GIT_URL "
+                    "set to origin's URL)")
