@@ -326,6 +326,12 @@ CLAIMS = (
 )
 
 
+def processor(row: dict) -> str:
+    """The machine a row's time was measured on, without the thread count and torch build: "AMD EPYC",
+    "Intel(R) Xeon(R) Processor", "NVIDIA H100 80GB HBM3" (rows without one say "unknown")."""
+    return str(row.get("machine", "unknown")).split(",")[0].split(" (torch")[0].strip()
+
+
 def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | None,
             rows: dict[str, list[dict]], clock: str | None = None) -> str | None:
     """One aims-table line; `clock` names the time field (default: CPU seconds where both sides have them)."""
@@ -353,6 +359,9 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
         times = f"{mean_sd(m_time, 0)} / {mean_sd(b_time, 0)} {unit}"
         if len(alone) < len(shared):
             times += f" (seeds {', '.join(map(str, alone))}; the others shared the device)"
+        timed = [r for r in m + b if seed(r) in alone]
+        if len({processor(r) for r in m if seed(r) in alone} | {processor(r) for r in b if seed(r) in alone}) > 1:
+            times += f" (on different machines: {' / '.join(sorted({processor(r) for r in timed}))})"
         time_text = f"{time_ratio:.1f} ×"
     else:
         time_ratio, times, time_text = None, "— (every seed shared the device)", "—"

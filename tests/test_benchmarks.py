@@ -75,6 +75,20 @@ def test_claims_compare_cpu_seconds_when_both_runs_recorded_them_else_wall_secon
     assert "| 900 / 300 s | 3.0 × |" in line
 
 
+def test_a_time_ratio_across_machines_says_so():
+    """CPU seconds on an AMD EPYC and on an Intel Xeon (or wall seconds on an H200 and an H100) are not the
+    same clock: a ratio of the two names both machines."""
+    base = curves.SASREC_DEFAULT_RUN
+    amd = "AMD EPYC, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
+    intel = "Intel(R) Xeon(R) Processor, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
+    rows = {"mojito": [{**_row("mojito", 42, 0.11, 900.0, 200.0), "machine": intel}],
+            base: [{**_row(base, 42, 0.10, 300.0, 100.0), "machine": amd}]}
+    line = curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+    assert "| 200 / 100 CPU s (on different machines: AMD EPYC / Intel(R) Xeon(R) Processor) | 2.0 × |" in line
+    rows[base][0]["machine"] = intel.replace("1 torch threads", "2 torch threads")  # the same CPU
+    assert "| 200 / 100 CPU s | 2.0 × |" in curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+
+
 def _gpu_row(run: str, seed: int, ndcg: float, wall: float, cpu: float, batch: int, minutes: float) -> dict:
     return {**_row(run, seed, ndcg, wall, cpu), "dataset": "ml-1m-half",
             "model": run.split("@")[0].split(":")[0],
