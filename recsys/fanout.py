@@ -175,13 +175,13 @@ def clone_urls(pull_steps: list[dict[str, Any]] | None) -> list[str]:
     return urls
 
 
-def _repository_key(url: str) -> str:
+def _repository_key(url: str, root: Path) -> str:
     """A repository address compared loosely: without a trailing `/` or `.git`, a local path (or file://
-    URL) resolved."""
+    URL) resolved (a relative one, as git reads origin's, from the checkout)."""
     url = url.strip().rstrip("/")
     url = url.removeprefix("file://")
     url = url.removesuffix(".git")
-    return str(Path(url).resolve()) if url.startswith(("/", ".")) else url
+    return str((Path(root) / url).resolve()) if url.startswith(("/", ".")) else url
 
 
 def clone_mismatch(root: Path, commit: str, pull_steps: list[dict[str, Any]] | None) -> str | None:
@@ -193,7 +193,7 @@ def clone_mismatch(root: Path, commit: str, pull_steps: list[dict[str, Any]] | N
     if origin.returncode != 0 or not urls:
         return None
     here = origin.stdout.strip()
-    if any(_repository_key(url) == _repository_key(here) for url in urls):
+    if any(_repository_key(url, root) == _repository_key(here, root) for url in urls):
         return None
     return (f"the workers clone {urls[0]} (the deployment's pull step) but this checkout's origin is {here}: "
             f"HEAD {commit[:12]} was checked against origin only; push it to {urls[0]} too (or redeploy with "

@@ -413,6 +413,9 @@ def test_workers_cloning_another_repository_than_origin_are_named(tmp_path):
     for same in (f"file://{tmp_path / 'team.git'}", f"{tmp_path / 'team'}/", str(tmp_path / "team.git")):
         assert fanout.clone_mismatch(mine, SHA, clone(same)) is None, same
     assert fanout.clone_mismatch(mine, SHA, []) is None  # no clone step: its runs use the worker's folder
+    git(mine, "remote", "set-url", "origin", "../team.git")  # relative, as git reads it: from the checkout
+    assert fanout.clone_mismatch(mine, SHA, clone(f"file://{tmp_path / 'team.git'}")) is None
+    git(mine, "remote", "set-url", "origin", str(tmp_path / "team.git"))
     said = fanout.clone_mismatch(mine, SHA, clone("git@git.internal:team/recsys.git"))
     assert said == (f"the workers clone git@git.internal:team/recsys.git (the deployment's pull step) but this "
                     f"checkout's origin is {tmp_path / 'team.git'}: HEAD {SHA[:12]} was checked against origin "
