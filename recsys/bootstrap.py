@@ -18,6 +18,7 @@ from recsys.faults import fault_point
 from recsys.layout import Layout
 from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
 
+
 class BootstrapError(RuntimeError):
     """The raw store is missing and cannot be recreated here; the message says what to run."""
 

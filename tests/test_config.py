@@ -99,8 +99,8 @@ def test_wrong_type_is_an_error(raw, where):
     ({"train": {"grad_clip": -1}}, "train.grad_clip must be >= 0 (0 = no clipping)"),
     ({"train": {"weight_decay": float("inf")}}, "train.weight_decay must be >= 0"),
     ({"sasrec": {"train": {"lr": -2.0}}}, "sasrec.train: train.lr must be >= 0"),
-    ({"ingest": {"store": "raw"}}, "ingest.store must be 'data' (the raw store data.dvc versions and dvc.yaml's "
-                                   "prepare stage reads; the layout is fixed), got 'raw': remove the setting"),
+    ({"ingest": {"store": "raw"}}, ("ingest.store must be 'data' (the raw store data.dvc versions and dvc.yaml's "
+                                    "prepare stage reads; the layout is fixed), got 'raw': remove the setting")),
 ])
 def test_values_out_of_range_are_refused_with_the_key_and_value(raw, message):
     """A run that cannot train (no epochs, a negative rate or clock) is refused at parse time, before a stage

@@ -96,15 +96,20 @@ def test_uncommitted_code_lists_changed_and_new_stage_code_only(tmp_path):
     assert fanout.uncommitted_code(repo) == ["recsys/models/new.py", "recsys/train.py"]
 
 
+def _committed_repo(path):
+    """A git repository at `path` with one commit."""
+    path.mkdir()
+    (path / "a.txt").write_text("a\n")
+    git(path, "init", "-q")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "a")
+    return path
+
+
 def test_a_commit_no_remote_branch_holds_is_unpushed(tmp_path):
     """The workers check out the coordinator's HEAD from the repository they clone: a commit only this
     checkout holds is refused before anything is dispatched (the retrain flow's `committed_head`)."""
-    seed = tmp_path / "seed"
-    seed.mkdir()
-    (seed / "a.txt").write_text("a\n")
-    git(seed, "init", "-q")
-    git(seed, "add", "-A")
-    git(seed, "commit", "-qm", "a")
+    seed = _committed_repo(tmp_path / "seed")
     assert not fanout.unpushed(seed, fanout.head_commit(seed))  # no remote: nothing to say
     git(tmp_path, "clone", "-q", "--bare", str(seed), str(tmp_path / "team.git"))
     git(tmp_path, "clone", "-q", str(tmp_path / "team.git"), str(tmp_path / "mine"))
@@ -399,13 +404,11 @@ def test_workers_cloning_another_repository_than_origin_are_named(tmp_path):
     """`committed_head` checks the commit against `origin`; the workers clone the deployment's pull-step
     repository (RECSYS_GIT_URL at deploy time). The same repository spelled another way (file:// URL, .git,
     a trailing slash) is the same; another one is named, with what to do; unknown either way, nothing."""
-    seed = tmp_path / "seed"
-    seed.mkdir()
-    (seed / "a.txt").write_text("a\n")
-    git(seed, "init", "-q")
-    git(seed, "add", "-A")
-    git(seed, "commit", "-qm", "a")
-    clone = lambda url: [{"prefect.deployments.steps.git_clone": {"id": "clone", "repository": url}}]  # noqa: E731
+    seed = _committed_repo(tmp_path / "seed")
+
+    def clone(url: str) -> list[dict]:  # a deployment's pull steps, as Prefect stores them
+        return [{"prefect.deployments.steps.git_clone": {"id": "clone", "repository": url}}]
+
     assert fanout.clone_mismatch(seed, SHA, clone("git@git.internal:team/recsys.git")) is None  # no origin
     git(tmp_path, "clone", "-q", "--bare", str(seed), str(tmp_path / "team.git"))
     git(tmp_path, "clone", "-q", str(tmp_path / "team.git"), str(tmp_path / "mine"))
