@@ -283,6 +283,8 @@ def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
                 return leader
 
             _stop_tree(leader_of, grace)
+            with contextlib.suppress(psutil.Error):
+                psutil.wait_procs([leader], timeout=5)  # (a SIGKILL is delivered, not waited for)
             what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
             if _process(pid, started) is not None:  # (a process we may not signal: another user's)
                 log.error("could not stop %s, which a killed run left running; it may hold DVC's lock: stop "
