@@ -359,9 +359,9 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
         times = f"{mean_sd(m_time, 0)} / {mean_sd(b_time, 0)} {unit}"
         if len(alone) < len(shared):
             times += f" (seeds {', '.join(map(str, alone))}; the others shared the device)"
-        timed = [r for r in m + b if seed(r) in alone]
-        if len({processor(r) for r in m if seed(r) in alone} | {processor(r) for r in b if seed(r) in alone}) > 1:
-            times += f" (on different machines: {' / '.join(sorted({processor(r) for r in timed}))})"
+        machines = sorted({processor(r) for r in m + b if seed(r) in alone})
+        if len(machines) > 1:
+            times += f" (on different machines: {' / '.join(machines)})"
         time_text = f"{time_ratio:.1f} ×"
     else:
         time_ratio, times, time_text = None, "— (every seed shared the device)", "—"

@@ -17,11 +17,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import yaml
 
-from recsys.layout import DATA_DVC, STATE
+from recsys.atomic import write_text_atomic
+from recsys.layout import DATA_DVC, STATE, Layout
+
+if TYPE_CHECKING:
+    import psutil
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +157,8 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
     import psutil
 
     try:
-        _stop_tree(lambda: psutil.Process(proc.pid), grace)
+        with contextlib.suppress(psutil.Error):  # (our child: its pid stays its own until we wait for it)
+            _stop_tree(psutil.Process(proc.pid), grace)
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
@@ -162,22 +167,21 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
                     proc.pid)
 
 
-def _stop_tree(leader_of: Callable[[], object], grace: float) -> None:
+def _stop_tree(leader: psutil.Process, grace: float) -> None:
     """SIGINT to a process and all under it, SIGKILL to what is left after `grace` seconds (or at a second
-    interrupt). `leader_of()` gives the psutil.Process, or raises psutil.Error once it is gone."""
+    interrupt). Once `leader` has ended nothing is signalled in its name (`is_running` compares the start
+    time too, so a process later given its pid is never taken for it)."""
     import signal
 
     import psutil
 
     def tree() -> list[psutil.Process]:
-        try:
-            leader = leader_of()
-        except psutil.Error:
+        if not leader.is_running():
             return []
         try:
-            return [leader, *leader.children(recursive=True)]  # type: ignore[attr-defined]
+            return [leader, *leader.children(recursive=True)]
         except psutil.Error:
-            return [leader]  # type: ignore[list-item]
+            return [leader]
 
     found = tree()
     try:
@@ -219,19 +223,15 @@ def _record_running(root: Path, proc: subprocess.Popen) -> Path | None:
     dvc, caller = _process(proc.pid, None), _process(os.getpid(), None)
     if dvc is None or caller is None:  # already ended
         return None
-    folder = Path(root) / STATE_DIR / RUNNING
-    record = folder / f"{proc.pid}.json"
+    layout = Layout(Path(root))
+    record = layout.state / RUNNING / f"{proc.pid}.json"
     note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
             "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:]))}
-    tmp = folder / f".{proc.pid}.{os.getpid()}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(note), encoding="utf-8")
-        os.replace(tmp, record)  # whole or absent: a reader never sees half a note
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(record, json.dumps(note), layout.scratch)  # whole or absent: never half a note
     except OSError as err:
         log.debug("could not note `dvc` pid %d: %s", proc.pid, err)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         return None
     return record
 
@@ -276,13 +276,7 @@ def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
         if leader is not None and pid in {process.pid for process in psutil.Process().parents()}:
             continue  # this process runs under it (a stage of that `dvc repro`): the next holder stops it
         if leader is not None:
-
-            def leader_of(leader: psutil.Process = leader) -> psutil.Process:
-                if not leader.is_running():  # (is_running compares the start time: never a reused pid)
-                    raise psutil.NoSuchProcess(leader.pid)
-                return leader
-
-            _stop_tree(leader_of, grace)
+            _stop_tree(leader, grace)
             with contextlib.suppress(psutil.Error):
                 psutil.wait_procs([leader], timeout=5)  # (a SIGKILL is delivered, not waited for)
             what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
