@@ -8,8 +8,10 @@ says to run `recsys bootstrap` first.)
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -17,6 +19,9 @@ from recsys.atomic import write_text_atomic
 from recsys.faults import fault_point
 from recsys.layout import Layout
 from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
+
+if TYPE_CHECKING:
+    from recsys.config import Params
 
 
 class BootstrapError(RuntimeError):
@@ -52,7 +57,7 @@ def _remove_seed(paths: Layout) -> None:
     paths.seeding.unlink(missing_ok=True)
 
 
-def _settle_seeding(root: Path, paths: Layout, params_path: Path | None) -> str:
+def _settle_seeding(root: Path, paths: Layout, params: Params) -> str:
     """A bootstrap stopped between writing its seed and marking the seed's push (the `seeding` marker holds
     the seed files' sha256 once they were whole): finish it, or undo a seed it had not finished writing —
     never touching what another command wrote since. Returns what it did."""
@@ -67,40 +72,38 @@ def _settle_seeding(root: Path, paths: Layout, params_path: Path | None) -> str:
     if written is None:  # killed while writing it: a part that may be torn
         _remove_seed(paths)
         return "removed"
-    _version_seed(root, params_path)  # the whole seed, maybe added already (adding again changes nothing)
+    _version_seed(root, params)  # the whole seed, maybe added already (adding again changes nothing)
     paths.seeding.unlink()
     return "versioned"
 
 
-def _ingest_side(root: Path, params_path: Path | None):
+def _ingest_side(root: Path, params: Params):
     """Ingest's layout and settings as params.yaml gives them: the seed's push marker and push are ingest's
     (one home: `ingest.dvc_push: false` means no push from bootstrap either)."""
-    from recsys.config import load_params
     from recsys.ingest.layout import paths as ingest_paths
 
-    config = load_params(params_path or Layout(root).params).ingest
-    return ingest_paths(root, config), config
+    return ingest_paths(root, params.ingest), params.ingest
 
 
-def _version_seed(root: Path, params_path: Path | None) -> None:
+def _version_seed(root: Path, params: Params) -> None:
     """`dvc add` the store and mark its push pending (ingest's marker, until a push succeeds: if this run's
     push fails, the next ingest run, which sees the marker, pushes the seed first)."""
     from recsys.ingest.commit import mark_push_pending
 
     run_dvc(root, "add", Layout(root).data.name)
-    mark_push_pending(*_ingest_side(root, params_path))
+    mark_push_pending(*_ingest_side(root, params))
 
 
 _NOT_PUSHED = " (not pushed: ingest.dvc_push is false)"
 
 
-def _push_seed(root: Path, params_path: Path | None) -> bool:
+def _push_seed(root: Path, params: Params) -> bool:
     """Ingest's push of a marked store (`recsys.ingest.recovery.complete_push`): a failure raises its
     sentence and leaves the marker, so the next ingest run pushes the seed first. False: not pushed, as
     `ingest.dvc_push: false` says."""
     from recsys.ingest.recovery import complete_push
 
-    return complete_push(*_ingest_side(root, params_path)) is not None
+    return complete_push(*_ingest_side(root, params)) is not None
 
 
 def store_has_data(root: Path) -> bool:
@@ -127,9 +130,16 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     paths = Layout(root)
     if store_has_data(root) and not paths.seeding.exists():
         return "raw store present"
+
+    @functools.cache
+    def params() -> Params:  # read once, and only on the paths that need it (a pull does not)
+        from recsys.config import load_params
+
+        return load_params(params_path or paths.params)
+
     with workspace_lock(root):
-        if paths.seeding.exists() and _settle_seeding(root, paths, params_path) == "versioned":
-            if _push_seed(root, params_path):
+        if paths.seeding.exists() and _settle_seeding(root, paths, params()) == "versioned":
+            if _push_seed(root, params()):
                 return "versioned and pushed the default dataset an interrupted bootstrap had generated"
             return f"versioned the default dataset an interrupted bootstrap had generated{_NOT_PUSHED}"
         if store_has_data(root):  # another process bootstrapped while we waited
@@ -147,10 +157,9 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
                 f"{paths.data_dvc.name} records {recorded} files of ingested data that `dvc pull` could not "
                 f"fetch ({why}); point DVC at the remote that holds them (`dvc remote list`) and run `dvc pull`"
             )
-        from recsys.config import load_params
         from recsys.data import generate, write_store
 
-        generated = generate(load_params(params_path or paths.params).generate)
+        generated = generate(params().generate)
         # From writing the seed until data.dvc records it and its push is marked, `seeding` says so (with the
         # seed files' sha256 once they are whole): a failure while writing removes the seed at once; after
         # that a failure or a kill leaves the marker, and the next run versions the seed (`_settle_seeding`).
@@ -163,11 +172,11 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             write_text_atomic(paths.seeding, json.dumps(_seed_files(paths)), paths.scratch)
             whole = True
             fault_point("seed_written")
-            _version_seed(root, params_path)
+            _version_seed(root, params())
         except BaseException:
             if not whole:  # a whole seed stays, with its marker: the next run versions it (`_settle_seeding`)
                 _remove_seed(paths)
             raise
         paths.seeding.unlink()
-        pushed = _push_seed(root, params_path)
+        pushed = _push_seed(root, params())
     return f"generated the default dataset into data/ and versioned it with DVC{'' if pushed else _NOT_PUSHED}"
