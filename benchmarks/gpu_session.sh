@@ -49,19 +49,21 @@ WORK="${TMPDIR:-/tmp}/recsys-gpu-session"
 SASREC_D64='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windows=all,min_epochs=100,batching=random'
 # params.yaml's SASRec since session 21 (benchmarks/curves.py SASREC_DEFAULT_RUN)
 SASREC="${SASREC_D64},dim=128,lr=0.002"
-# BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_LONG)
+# BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_DEFAULT_RUN); MOJITO's
+# sessions 10-28 defaults as their rows name them (curves.py MOJITO_LONG, measured at the lr 1e-3 of then)
 BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
-MOJITO='mojito@batching=random,patience=20,min_epochs=100,windows=all'
+MOJITO_LONG='mojito@batching=random,patience=20,min_epochs=100,windows=all'
+MOJITO="${MOJITO_LONG},lr=0.002"
 # MOJITO at SASRec's width and rate (curves.py's MOJITO_WIDE; BERT4Rec's, BERT4REC_WIDE, is concluded: 0.1677
 # against 0.1673 at its own width, session 23)
-MOJITO_WIDE="${MOJITO},dim=128,lr=0.002"
+MOJITO_WIDE="${MOJITO_LONG},dim=128,lr=0.002"
 # SASRec's defaults with the training step captured as a CUDA graph (curves.py SASREC_GRAPHED): the GPU time
-# ratios' base; MOJITO graphed at its defaults and at SASRec's width (curves.py *_GRAPHED)
+# ratios' base; MOJITO graphed at its sessions 10-28 defaults, at SASRec's width (README's GPU setting) and at
+# today's defaults (curves.py MOJITO_GRAPHED, MOJITO_WIDE_GRAPHED, MOJITO_LR2_GRAPHED)
 SASREC_GRAPHED="${SASREC},cuda_graph=true"
-MOJITO_GRAPHED="${MOJITO},cuda_graph=true"
+MOJITO_GRAPHED="${MOJITO_LONG},cuda_graph=true"
 MOJITO_WIDE_GRAPHED="${MOJITO_WIDE},cuda_graph=true"
-# MOJITO at SASRec's rate, its own width (curves.py MOJITO_LR2_GRAPHED)
-MOJITO_LR2_GRAPHED="${MOJITO},lr=0.002,cuda_graph=true"
+MOJITO_LR2_GRAPHED="${MOJITO},cuda_graph=true"
 # BERT4Rec candidates for its ml-1m-half aim (curves.py BERT4REC_MASK02_GRAPHED, BERT4REC_PEER_GRAPHED), on its
 # defaults (Bernoulli masking) graphed: the paper's ML-1M mask rate, and RecTools' BERT4Rec shape (d 256,
 # 4 heads, lr 1e-3, mask rate 0.15)
@@ -136,8 +138,9 @@ case "$phase" in
     #   3. quality seeds, QUICK_SHARED (default 5) processes at once with --shared-device: BERT4Rec's next
     #      candidates for its 0.90 x aim on ml-1m-half (0.86 x; session 28 ruled out RecTools' shape and mask
     #      rate 0.2): mask rate 0.4 (seeds 42-44) and width 128 with dropout 0.3 (it peaked at epoch 160 with
-    #      0.2), then BERT4Rec graphed seeds 43-44 and the older claim seeds. curves.py takes their times into
-    #      no ratio (the rows of seeds trained alone give the claims' times).
+    #      0.2), then BERT4Rec graphed seeds 43-44, MOJITO's defaults (lr 2e-3 since session 29) graphed seeds
+    #      43-44, and the older claim seeds. curves.py takes their times into no ratio (the rows of seeds
+    #      trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
     # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
@@ -186,8 +189,9 @@ PY
     todo=()
     for pair in "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_MASK04_GRAPHED 1" \
                 "$BERT4REC_MASK04_GRAPHED 2" "$BERT4REC_GRAPHED 1" "$BERT4REC_GRAPHED 2" \
+                "$MOJITO_LR2_GRAPHED 1" "$MOJITO_LR2_GRAPHED 2" \
                 "$MOJITO_WIDE_GRAPHED 0" "$MOJITO_WIDE_GRAPHED 1" "$MOJITO_WIDE_GRAPHED 2" \
-                "$MOJITO 1" "$MOJITO 2" "$BERT4REC 0" "$BERT4REC 1" "$BERT4REC 2"; do
+                "$MOJITO 0" "$MOJITO 1" "$MOJITO 2" "$BERT4REC 0" "$BERT4REC 1" "$BERT4REC 2"; do
       done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
     n=${#todo[@]}; (( n <= ${QUICK_SHARED:-5} )) || n=${QUICK_SHARED:-5}

@@ -26,9 +26,12 @@ def test_the_default_sasrec_run_is_what_params_yaml_trains():
     assert configs_for(curves.SASREC_DEFAULT_RUN, params) == configs_for("sasrec", params)
 
 
-def test_mojito_in_sasrecs_regime_is_what_params_yaml_trains():
+def test_the_default_mojito_run_is_what_params_yaml_trains():
     params = load_params(ROOT / "params.yaml")
-    assert configs_for(curves.MOJITO_LONG, params) == configs_for("mojito", params)
+    assert configs_for(curves.MOJITO_DEFAULT_RUN, params) == configs_for("mojito", params)
+    # the sessions 10-28 defaults, whose rows (MOJITO_LONG) hold lr 1e-3: a new run at them spells the rate out
+    old = configs_for(f"{curves.MOJITO_LONG},lr=0.001", params)
+    assert old[2].lr == 0.001 and old != configs_for("mojito", params)
 
 
 def test_the_readmes_mojito_gpu_recipe_is_the_run_that_met_the_gpu_aims(tmp_path):
@@ -36,7 +39,7 @@ def test_the_readmes_mojito_gpu_recipe_is_the_run_that_met_the_gpu_aims(tmp_path
     met the GPU aims (curves.MOJITO_WIDE_GRAPHED, RESULTS.md session 28)."""
     import yaml
 
-    recipe = "mojito: {dim: 128, train: {lr: 0.002, cuda_graph: true}}"
+    recipe = "mojito: {dim: 128, train: {cuda_graph: true}}"
     assert f"`{recipe}`" in (ROOT / "README.md").read_text()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for key, value in yaml.safe_load(recipe)["mojito"].items():
@@ -87,6 +90,24 @@ def test_a_time_ratio_across_machines_says_so():
     assert "| 200 / 100 CPU s (on different machines: AMD EPYC / Intel(R) Xeon(R) Processor) | 2.0 × |" in line
     rows[base][0]["machine"] = intel.replace("1 torch threads", "2 torch threads")  # the same CPU
     assert "| 200 / 100 CPU s | 2.0 × |" in curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+
+
+def test_the_same_machine_table_puts_a_claims_two_sides_on_one_machine():
+    """results/same-machine.json holds base rows re-trained on the model's machine: the same-machine table
+    shows a claim again with them in place of the rows of their (dataset, run, seed), and only a claim whose
+    ratio paired two machines and now does not."""
+    base, mojito, bert = curves.SASREC_DEFAULT_RUN, curves.MOJITO_DEFAULT_RUN, curves.BERT4REC_DEFAULT_RUN
+    amd = "AMD EPYC, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
+    intel = "Intel(R) Xeon(R) Processor, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
+    rows = [{**_row(mojito, s, 0.12, 600.0, 500.0), "dataset": "ml-100k", "machine": intel} for s in (42, 43)]
+    rows += [{**_row(base, s, 0.11, 300.0, 100.0), "dataset": "ml-100k", "machine": amd} for s in (42, 43)]
+    rows += [{**_row(bert, 42, 0.10, 300.0, 300.0), "dataset": "ml-100k", "machine": amd}]  # one machine already
+    same = [{**_row(base, 42, 0.10, 300.0, 250.0), "dataset": "ml-100k", "machine": intel}]
+    assert curves.same_machine_table(rows, same).splitlines()[2:] == []  # seed 43's base is still the AMD row
+    same.append({**_row(base, 43, 0.10, 300.0, 250.0), "dataset": "ml-100k", "machine": intel})
+    lines = curves.same_machine_table(rows, same).splitlines()[2:]
+    assert len(lines) == 1 and lines[0].startswith(f"| ml-100k | {mojito} vs {base} | 2 | 0.1200 ± 0.0000 / 0.1000")
+    assert "| 500 ± 0 / 250 ± 0 CPU s | 2.0 × |" in lines[0]  # 5.0 × in the aims table, across machines
 
 
 def _gpu_row(run: str, seed: int, ndcg: float, wall: float, cpu: float, batch: int, minutes: float) -> dict:
@@ -535,11 +556,14 @@ def test_the_gpu_session_script_trains_todays_defaults():
     for command in trains:
         assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
     lines = [line for line in script.splitlines()
-             if line.split("=")[0] in {"SASREC_D64", "SASREC", "BERT4REC", "MOJITO"}]
+             if line.split("=")[0] in {"SASREC_D64", "SASREC", "BERT4REC", "MOJITO_LONG", "MOJITO"}]
     # the bash twins of curves.py's strings: today's SASRec defaults, and the other two models at its width
     sasrec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$SASREC"'])], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert sasrec == curves.SASREC_DEFAULT_RUN
+    mojito = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$MOJITO"'])], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert mojito == curves.MOJITO_DEFAULT_RUN
     for name in ("MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED", "MOJITO_LR2_GRAPHED", "SASREC_GRAPHED",
                  "BERT4REC_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED", "BERT4REC_MASK04_GRAPHED",
                  "BERT4REC_WIDE_D03_GRAPHED"):
@@ -556,7 +580,7 @@ def test_the_gpu_session_script_trains_todays_defaults():
                                                   "MOJITO_WIDE_GRAPHED"))
     assert '"$SASREC_GRAPHED"' in quick and '"$BERT4REC_GRAPHED"' in quick and '"$MOJITO_WIDE_STEP"' in quick
     assert "\nMOJITO_WIDE_STEP='mojito@dim=128'\n" in script
-    assert f"\nMOJITO='{curves.MOJITO_LONG}'\n" in script
+    assert f"\nMOJITO_LONG='{curves.MOJITO_LONG}'\n" in script
     assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
