@@ -285,7 +285,7 @@ def _read_curve(path: Path) -> list[dict]:
 
 def row_seed(row: dict) -> int:
     """Rows from before `--seeds` carry their seed only in the train config."""
-    return int(row.get("seed", row["train"]["seed"]))
+    return int(row["seed"] if "seed" in row else row["train"]["seed"])
 
 
 def row_key(row: dict) -> tuple[str, str, int]:

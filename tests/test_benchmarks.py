@@ -670,3 +670,12 @@ def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(tmp_path, c
         assert got.returncode == 1 and lines == errors and errors[0].startswith("error: "), got.stderr
     assert not any(tmp_path.iterdir())  # no results, work dir or data written
     assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == before
+
+
+def test_a_rows_seed_is_its_own_field_or_its_train_configs():
+    """A row that records its seed needs no train config (results/same-machine.json's rows hold no config); a row
+    from before `--seeds` has it only in the train config."""
+    from bench_models import row_key
+
+    assert row_key({"dataset": "ml-100k", "run": "sasrec", "seed": 43}) == ("ml-100k", "sasrec", 43)
+    assert row_key({"dataset": "ml-100k", "run": "sasrec", "train": {"seed": 42}}) == ("ml-100k", "sasrec", 42)
