@@ -74,6 +74,8 @@ BERT4REC_PEER_GRAPHED="${BERT4REC_GRAPHED},dim=256,n_heads=4,ffn_dim=1024,lr=0.0
 # 128 with more dropout (curves.py BERT4REC_MASK04_GRAPHED, BERT4REC_WIDE_D03_GRAPHED)
 BERT4REC_MASK04_GRAPHED="${BERT4REC_GRAPHED},mask_prob=0.4"
 BERT4REC_WIDE_D03_GRAPHED="${BERT4REC/dropout=0.2/dropout=0.3},dim=128,ffn_dim=512,lr=0.002,cuda_graph=true"
+# session 29's: a moving average of the weights (curves.py BERT4REC_EMA_GRAPHED)
+BERT4REC_EMA_GRAPHED="${BERT4REC_GRAPHED},ema=0.999"
 # bench_step.py's MOJITO at README's GPU width
 MOJITO_WIDE_STEP='mojito@dim=128'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
@@ -138,7 +140,7 @@ case "$phase" in
     #   3. quality seeds, QUICK_SHARED (default 5) processes at once with --shared-device: BERT4Rec's next
     #      candidates for its 0.90 x aim on ml-1m-half (0.86 x; session 28 ruled out RecTools' shape and mask
     #      rate 0.2): mask rate 0.4 (seeds 42-44) and width 128 with dropout 0.3 (it peaked at epoch 160 with
-    #      0.2), then BERT4Rec graphed seeds 43-44, MOJITO's defaults (lr 2e-3 since session 29) graphed seeds
+    #      0.2), a moving average of the weights (decay 0.999), then BERT4Rec graphed seeds 43-44, MOJITO's defaults (lr 2e-3 since session 29) graphed seeds
     #      43-44, and the older claim seeds. curves.py takes their times into no ratio (the rows of seeds
     #      trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
@@ -187,7 +189,8 @@ PY
     # the quality seeds still missing, most telling first; a row that stopped early is done (one the clock
     # stopped is trained again)
     todo=()
-    for pair in "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_MASK04_GRAPHED 1" \
+    for pair in "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA_GRAPHED 0" \
+                "$BERT4REC_MASK04_GRAPHED 1" \
                 "$BERT4REC_MASK04_GRAPHED 2" "$BERT4REC_GRAPHED 1" "$BERT4REC_GRAPHED 2" \
                 "$MOJITO_LR2_GRAPHED 1" "$MOJITO_LR2_GRAPHED 2" \
                 "$MOJITO_WIDE_GRAPHED 0" "$MOJITO_WIDE_GRAPHED 1" "$MOJITO_WIDE_GRAPHED 2" \

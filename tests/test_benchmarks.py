@@ -566,7 +566,7 @@ def test_the_gpu_session_script_trains_todays_defaults():
     assert mojito == curves.MOJITO_DEFAULT_RUN
     for name in ("MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED", "MOJITO_LR2_GRAPHED", "SASREC_GRAPHED",
                  "BERT4REC_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED", "BERT4REC_MASK04_GRAPHED",
-                 "BERT4REC_WIDE_D03_GRAPHED"):
+                 "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED"):
         defs = [line for line in script.splitlines()
                 if line.split("=")[0] in {"MOJITO_WIDE", "BERT4REC_GRAPHED", name}]
         got = subprocess.run(["bash", "-c", "\n".join([*lines, *defs, f'echo "${name}"'])],
@@ -576,7 +576,8 @@ def test_the_gpu_session_script_trains_todays_defaults():
     # quick's shared runs are (run, seed offset) pairs: the defaults, MOJITO at SASRec's width, BERT4Rec's
     # candidates; its timed runs, alone on the device, the two sides of BERT4Rec's GPU time ratio
     assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_MASK04_GRAPHED",
-                                                  "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_GRAPHED",
+                                                  "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED",
+                                                  "BERT4REC_GRAPHED",
                                                   "MOJITO_WIDE_GRAPHED"))
     assert '"$SASREC_GRAPHED"' in quick and '"$BERT4REC_GRAPHED"' in quick and '"$MOJITO_WIDE_STEP"' in quick
     assert "\nMOJITO_WIDE_STEP='mojito@dim=128'\n" in script
