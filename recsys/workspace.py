@@ -114,15 +114,28 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     When the caller is interrupted while DVC runs — Ctrl-C, or the SIGTERM of a cancelled Prefect run, which
     Prefect raises as an exception — DVC and the stages it started are stopped with it (`stop_process_tree`):
     none trains on for nobody, holding DVC's lock against the next run. (They stay in the caller's process
-    group, so a worker that kills the group outright reaches them too.)
+    group, so a worker that kills the group outright reaches them too.) Every process DVC starts inherits a
+    mark of this call (`RUN_MARK_ENV`), so a stage that outlives DVC — DVC killed or crashed first, its stage
+    handed to init, out of the tree — is found and stopped when DVC has ended (`stop_marked`).
     """
+    import uuid
+
     merged = watch is not None
-    proc = subprocess.Popen(dvc_command(*args), cwd=root, env=subprocess_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True)
-    record = _record_running(root, proc)
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(dvc_command(*args), cwd=root, env={**subprocess_env(), RUN_MARK_ENV: mark},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+                            text=True)
+    record = _record_running(root, proc, mark)
+    what = f"`dvc {' '.join(args)}`"
     try:
         if not merged:
-            stdout, stderr = proc.communicate()
+            while True:
+                try:
+                    stdout, stderr = proc.communicate(timeout=interval)
+                    break
+                except subprocess.TimeoutExpired:
+                    if proc.poll() is not None:  # DVC has ended, and what it left running holds its output
+                        stop_marked(mark, what)
         else:
             lines: list[str] = []
             reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
@@ -133,12 +146,14 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
                     watch()
                 except Exception as err:  # progress reporting is an API call: a hiccup must not end training
                     log.warning("while `dvc %s` runs: %s", " ".join(args), err)
+            stop_marked(mark, what)  # (what DVC left running would hold its output open)
             reader.join(timeout=10)
             stdout, stderr = "".join(lines), ""
     finally:
         try:
             if proc.poll() is None:
                 stop_process_tree(proc)
+            stop_marked(mark, what)
         finally:  # (a second Ctrl-C while it stops must not leave the note behind)
             _forget(record)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -196,6 +211,50 @@ def _stop_tree(leader: psutil.Process, grace: float) -> None:
 
 
 RUNNING = "dvc-running"  # inside STATE: one note per `dvc` process `run_dvc` started and has not seen end
+RUN_MARK_ENV = "RECSYS_DVC_RUN"  # in the environment of every process one `run_dvc` call's DVC starts
+
+
+def marked(mark: str) -> list[psutil.Process]:
+    """The processes, other than this one and its ancestors, that carry `run_dvc`'s mark `mark` in their
+    environment (readable for this user's processes only) — DVC's own detached helpers (its updater and
+    analytics daemons, which end by themselves) aside."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for process in psutil.process_iter():
+        if process.pid in mine:
+            continue
+        with contextlib.suppress(psutil.Error):
+            env = process.environ()
+            if env.get(RUN_MARK_ENV) == mark and not env.get("DVC_DAEMON") and process.status() != "zombie":
+                found.append(process)
+    return found
+
+
+def stop_marked(mark: str, what: str, grace: float = 10.0) -> list[int]:
+    """Stop what `run_dvc`'s call `mark` started and left running after its DVC ended (SIGINT, then SIGKILL
+    after `grace` seconds); returns their pids."""
+    import signal
+
+    import psutil
+
+    found = marked(mark)
+    if not found:
+        return []
+    try:
+        for process in found:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGINT)
+        psutil.wait_procs(found, timeout=grace)
+    finally:
+        for process in [*found, *marked(mark)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+    pids = sorted(p.pid for p in found)
+    log.warning("stopped %d process(es) %s started and left running after it ended (pids %s)", len(pids), what,
+                ", ".join(map(str, pids)))
+    return pids
 TORN_AFTER_S = 60.0  # a note that does not parse is a torn one (its writer was killed) once this old
 
 
@@ -213,7 +272,7 @@ def _process(pid: int, started: float | None):
         return None
 
 
-def _record_running(root: Path, proc: subprocess.Popen) -> Path | None:
+def _record_running(root: Path, proc: subprocess.Popen, mark: str) -> Path | None:
     """Note the `dvc` process `run_dvc` started, and its caller, until it ends: if the caller is killed
     outright (SIGKILL, the OOM killer), nothing stops DVC and its stages, and the next writer of this
     workspace stops them (`stop_orphaned_dvc`). None when the note cannot be written (a read-only state
@@ -226,7 +285,7 @@ def _record_running(root: Path, proc: subprocess.Popen) -> Path | None:
     layout = Layout(Path(root))
     record = layout.state / RUNNING / f"{proc.pid}.json"
     note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
-            "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:]))}
+            "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:])), "mark": mark}
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(record, json.dumps(note), layout.scratch)  # whole or absent: never half a note
@@ -272,20 +331,23 @@ def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
             continue
         if _process(caller, caller_started) is not None:
             continue  # its caller is alive: not an orphan
-        leader = _process(pid, started)
-        if leader is not None and pid in {process.pid for process in psutil.Process().parents()}:
+        leader, mark = _process(pid, started), note.get("mark")
+        if (leader is not None and pid in {process.pid for process in psutil.Process().parents()}) or (
+                mark and os.environ.get(RUN_MARK_ENV) == mark):
             continue  # this process runs under it (a stage of that `dvc repro`): the next holder stops it
+        what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
         if leader is not None:
             _stop_tree(leader, grace)
             with contextlib.suppress(psutil.Error):
                 psutil.wait_procs([leader], timeout=5)  # (a SIGKILL is delivered, not waited for)
-            what = f"`dvc {' '.join(map(str, note.get('args', [])))}` (pid {pid})"
             if _process(pid, started) is not None:  # (a process we may not signal: another user's)
                 log.error("could not stop %s, which a killed run left running; it may hold DVC's lock: stop "
                           "it by hand (kill %d)", what, pid)
                 continue
             log.warning("stopped %s and its stages: a run killed before it ended left it running", what)
             stopped.append(what)
+        if mark and stop_marked(mark, what, grace):  # stages DVC itself left behind (it died first)
+            stopped.append(f"what {what} started")
         _forget(record)
     return stopped
 

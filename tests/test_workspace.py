@@ -148,6 +148,32 @@ def test_dvc_left_running_by_a_killed_caller_is_stopped_by_the_next_lock_holder(
 
 
 @dvc_slow
+@pytest.mark.parametrize("watch", [False, True])
+def test_a_stage_left_running_by_a_dvc_that_died_first_is_stopped(dvc_repo, tmp_path, watch):
+    """DVC killed (or crashed) before the stage it runs: the stage, handed to init, is out of DVC's process
+    tree, and trained on for nobody — and, holding DVC's output open, kept `run_dvc` waiting for it. Every
+    process DVC starts carries the call's mark, so `run_dvc` stops it once DVC has ended."""
+    import time
+
+    pid_file = tmp_path / "stage.pid"
+    write_stages(dvc_repo, orphan=(
+        "import os, pathlib, time\nimport psutil\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        "dvc = next(p for p in psutil.Process().parents() if 'repro' in p.cmdline())\n"
+        "dvc.kill()\ntime.sleep(600)\n"))
+    started = time.monotonic()
+    done = run_dvc(dvc_repo, "repro", "orphan", check=False,
+                   **({"watch": lambda: None, "interval": 0.2} if watch else {}))
+    assert done.returncode != 0 and time.monotonic() - started < 300  # not the stage's 600 s
+    stage = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while _alive(stage) and time.monotonic() < deadline:  # (init reaps it)
+        time.sleep(0.2)
+    assert not _alive(stage)
+    assert run_dvc(dvc_repo, "status").returncode == 0
+
+
+@dvc_slow
 def test_run_dvc_streams_with_a_watch_callback(dvc_repo):
     write_stages(dvc_repo, slow="import time\ntime.sleep(1.5)\nprint('done here')\n")
     calls = []
@@ -381,7 +407,7 @@ def test_a_full_disk_while_the_override_writes_leaves_params_whole(tmp_path, mon
     assert not (tmp_path / ".ingest" / "params.yaml.orig").exists()
 
 
-def _note(repo, pid: int, started: float, caller: int, caller_started: float, args=("repro",)):
+def _note(repo, pid: int, started: float, caller: int, caller_started: float, args=("repro",), mark=None):
     import json
 
     from recsys.workspace import RUNNING, STATE_DIR
@@ -390,8 +416,40 @@ def _note(repo, pid: int, started: float, caller: int, caller_started: float, ar
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{pid}.json"
     path.write_text(json.dumps({"pid": pid, "started": started, "caller": caller, "caller_started": caller_started,
-                                "args": list(args)}))
+                                "args": list(args), **({"mark": mark} if mark else {})}))
     return path
+
+
+def test_what_a_killed_callers_dvc_left_behind_after_dvc_ended_is_stopped_by_its_mark(tmp_path):
+    """A caller killed outright, and its DVC ended too (killed with it, or crashed) while a stage ran on,
+    handed to init: the next lock holder finds the stage by the mark in its environment. A living caller's
+    marked processes, and processes of another mark, are left alone."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from recsys.workspace import RUN_MARK_ENV, stop_orphaned_dvc
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    stage = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: "m1"})
+    other = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: "m2"})
+    caller = subprocess.Popen(sleep)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the note's DVC, ended
+    gone.wait()
+    try:
+        caller_started = psutil.Process(caller.pid).create_time()
+        note = _note(tmp_path, gone.pid, time.time() - 60, caller.pid, caller_started, ("repro", "x"), mark="m1")
+        assert stop_orphaned_dvc(tmp_path) == [] and stage.poll() is None and note.exists()  # its caller lives
+        caller.kill()
+        caller.wait()
+        assert stop_orphaned_dvc(tmp_path, grace=5) == [f"what `dvc repro x` (pid {gone.pid}) started"]
+        assert stage.wait(timeout=30) is not None and not note.exists()
+        assert other.poll() is None  # another run's
+    finally:
+        for process in (stage, other, caller):
+            process.kill()
+            process.wait()
 
 
 def test_orphan_notes_judge_callers_and_processes_by_pid_and_start_time(tmp_path):
