@@ -95,6 +95,7 @@ def subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("DVC_NO_ANALYTICS", "1")  # (DVC 3 reads this and core.analytics, not DO_NOT_TRACK)
     return env
 
 
@@ -116,7 +117,8 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     none trains on for nobody, holding DVC's lock against the next run. (They stay in the caller's process
     group, so a worker that kills the group outright reaches them too.) Every process DVC starts inherits a
     mark of this call (`RUN_MARK_ENV`), so a stage that outlives DVC — DVC killed or crashed first, its stage
-    handed to init, out of the tree — is found and stopped when DVC has ended (`stop_marked`).
+    handed to init, out of the tree — is found and stopped when DVC has ended (`stop_marked`; Linux: where a
+    process's environment cannot be read, as on macOS, nothing is found).
     """
     import uuid
 
@@ -125,17 +127,31 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     proc = subprocess.Popen(dvc_command(*args), cwd=root, env={**subprocess_env(), RUN_MARK_ENV: mark},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                             text=True)
-    record = _record_running(root, proc, mark)
+    dvc_line = _cmdline(_process(proc.pid, None))  # (the forks DVC leaves to wait on its daemons share it)
+    record = _record_running(root, proc, mark, dvc_line)
     what = f"`dvc {' '.join(args)}`"
     try:
         if not merged:
+            ended = None
             while True:
                 try:
                     stdout, stderr = proc.communicate(timeout=interval)
                     break
-                except subprocess.TimeoutExpired:
-                    if proc.poll() is not None:  # DVC has ended, and what it left running holds its output
-                        stop_marked(mark, what)
+                except subprocess.TimeoutExpired as waited:
+                    if proc.poll() is None:
+                        continue
+                    if ended is None:  # DVC has ended, and what it left running holds its output open
+                        ended = time.monotonic()
+                        stop_marked(mark, what, dvc_line)
+                    elif time.monotonic() - ended > OUTPUT_GRACE_S:
+                        log.error("%s ended, but a process it started and no mark of this run's names still "
+                                  "holds its output open after %.0f s; going on without the rest of that output",
+                                  what, OUTPUT_GRACE_S)
+                        stdout, stderr = (_text(waited.output), _text(waited.stderr))
+                        for pipe in (proc.stdout, proc.stderr):
+                            with contextlib.suppress(OSError):
+                                pipe.close()  # type: ignore[union-attr]
+                        break
         else:
             lines: list[str] = []
             reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
@@ -146,15 +162,17 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
                     watch()
                 except Exception as err:  # progress reporting is an API call: a hiccup must not end training
                     log.warning("while `dvc %s` runs: %s", " ".join(args), err)
-            stop_marked(mark, what)  # (what DVC left running would hold its output open)
+            stop_marked(mark, what, dvc_line)  # (what DVC left running would hold its output open)
             reader.join(timeout=10)
             stdout, stderr = "".join(lines), ""
     finally:
         try:
-            if proc.poll() is None:
-                stop_process_tree(proc)
-            stop_marked(mark, what)
-        finally:  # (a second Ctrl-C while it stops must not leave the note behind)
+            try:
+                if proc.poll() is None:
+                    stop_process_tree(proc)
+            finally:  # (also after a second Ctrl-C: stop_process_tree has killed DVC's tree by then)
+                stop_marked(mark, what, dvc_line)
+        finally:  # (a third must not leave the note behind)
             _forget(record)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:  # the one-line errors quote a line of it; --verbose shows it all
@@ -212,34 +230,53 @@ def _stop_tree(leader: psutil.Process, grace: float) -> None:
 
 RUNNING = "dvc-running"  # inside STATE: one note per `dvc` process `run_dvc` started and has not seen end
 RUN_MARK_ENV = "RECSYS_DVC_RUN"  # in the environment of every process one `run_dvc` call's DVC starts
+OUTPUT_GRACE_S = 30.0  # how long `run_dvc` waits, after DVC ended, for an unmarked holder of its output
 
 
-def marked(mark: str) -> list[psutil.Process]:
+def _cmdline(process) -> list[str] | None:
+    import psutil
+
+    try:
+        return None if process is None else process.cmdline()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _text(output: bytes | str | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+
+
+def marked(mark: str, dvc_line: list[str] | None = None) -> list[psutil.Process]:
     """The processes, other than this one and its ancestors, that carry `run_dvc`'s mark `mark` in their
-    environment (readable for this user's processes only) — DVC's own detached helpers (its updater and
-    analytics daemons, which end by themselves) aside."""
+    environment (readable for this user's processes, on Linux) — DVC's own daemons aside: those DVC starts
+    with DVC_DAEMON set (its updater and analytics, which end by themselves), and the forks of DVC that wait
+    on them (a fork keeps DVC's command line, `dvc_line`, and its environment)."""
     import psutil
 
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    daemons_marked = not os.environ.get("DVC_DAEMON")  # (else every process carries it: DVC starts no daemon)
     found = []
     for process in psutil.process_iter():
         if process.pid in mine:
             continue
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, OSError):  # (ended meanwhile, another user's, or unreadable)
             env = process.environ()
-            if env.get(RUN_MARK_ENV) == mark and not env.get("DVC_DAEMON") and process.status() != "zombie":
+            if env.get(RUN_MARK_ENV) != mark or (daemons_marked and env.get("DVC_DAEMON")):
+                continue
+            if process.status() != psutil.STATUS_ZOMBIE and (dvc_line is None or process.cmdline() != dvc_line):
                 found.append(process)
     return found
 
 
-def stop_marked(mark: str, what: str, grace: float = 10.0) -> list[int]:
-    """Stop what `run_dvc`'s call `mark` started and left running after its DVC ended (SIGINT, then SIGKILL
-    after `grace` seconds); returns their pids."""
+def stop_marked(mark: str, what: str, dvc_line: list[str] | None = None, grace: float = 10.0) -> list[int]:
+    """Stop whatever the processes of `run_dvc`'s call `mark` left running when its DVC ended (SIGINT, then
+    SIGKILL after `grace` seconds): a stage DVC was running when it died, or a process a stage left behind;
+    returns their pids."""
     import signal
 
     import psutil
 
-    found = marked(mark)
+    found = marked(mark, dvc_line)
     if not found:
         return []
     try:
@@ -248,11 +285,11 @@ def stop_marked(mark: str, what: str, grace: float = 10.0) -> list[int]:
                 process.send_signal(signal.SIGINT)
         psutil.wait_procs(found, timeout=grace)
     finally:
-        for process in [*found, *marked(mark)]:
+        for process in [*found, *marked(mark, dvc_line)]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
     pids = sorted(p.pid for p in found)
-    log.warning("stopped %d process(es) %s started and left running after it ended (pids %s)", len(pids), what,
+    log.warning("stopped %d process(es) that %s left running when it ended (pids %s)", len(pids), what,
                 ", ".join(map(str, pids)))
     return pids
 TORN_AFTER_S = 60.0  # a note that does not parse is a torn one (its writer was killed) once this old
@@ -272,7 +309,7 @@ def _process(pid: int, started: float | None):
         return None
 
 
-def _record_running(root: Path, proc: subprocess.Popen, mark: str) -> Path | None:
+def _record_running(root: Path, proc: subprocess.Popen, mark: str, dvc_line: list[str] | None) -> Path | None:
     """Note the `dvc` process `run_dvc` started, and its caller, until it ends: if the caller is killed
     outright (SIGKILL, the OOM killer), nothing stops DVC and its stages, and the next writer of this
     workspace stops them (`stop_orphaned_dvc`). None when the note cannot be written (a read-only state
@@ -285,7 +322,8 @@ def _record_running(root: Path, proc: subprocess.Popen, mark: str) -> Path | Non
     layout = Layout(Path(root))
     record = layout.state / RUNNING / f"{proc.pid}.json"
     note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
-            "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:])), "mark": mark}
+            "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:])), "mark": mark,
+            "cmdline": dvc_line}
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(record, json.dumps(note), layout.scratch)  # whole or absent: never half a note
@@ -346,8 +384,8 @@ def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
                 continue
             log.warning("stopped %s and its stages: a run killed before it ended left it running", what)
             stopped.append(what)
-        if mark and stop_marked(mark, what, grace):  # stages DVC itself left behind (it died first)
-            stopped.append(f"what {what} started")
+        if mark and stop_marked(mark, what, note.get("cmdline"), grace):  # what outlived DVC (it died first)
+            stopped.append(f"what {what} left running")
         _forget(record)
     return stopped
 

@@ -147,7 +147,11 @@ def test_dvc_left_running_by_a_killed_caller_is_stopped_by_the_next_lock_holder(
             assert done.returncode == 0
 
 
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="reads other processes' environments (/proc)")
+
+
 @dvc_slow
+@linux_only
 @pytest.mark.parametrize("watch", [False, True])
 def test_a_stage_left_running_by_a_dvc_that_died_first_is_stopped(dvc_repo, tmp_path, watch):
     """DVC killed (or crashed) before the stage it runs: the stage, handed to init, is out of DVC's process
@@ -171,6 +175,34 @@ def test_a_stage_left_running_by_a_dvc_that_died_first_is_stopped(dvc_repo, tmp_
         time.sleep(0.2)
     assert not _alive(stage)
     assert run_dvc(dvc_repo, "status").returncode == 0
+
+
+@dvc_slow
+def test_run_dvc_does_not_wait_forever_on_an_unmarked_holder_of_its_output(dvc_repo, tmp_path, monkeypatch, caplog):
+    """A stage that leaves a process running whose environment no longer carries the mark (started with a
+    clean environment, as `env -i` or sudo do) keeps DVC's output open after DVC ended: `run_dvc` goes on
+    after OUTPUT_GRACE_S with the output it has and one error line (it waited as long as that process ran)."""
+    import logging
+    import time
+
+    from recsys import workspace
+
+    monkeypatch.setattr(workspace, "OUTPUT_GRACE_S", 1.0)
+    pid_file = tmp_path / "holder.pid"
+    write_stages(dvc_repo, leaves=(
+        "import subprocess, sys, pathlib\nprint('stage said this', flush=True)\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env={{}})\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(p.pid))\n"))
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="recsys.workspace"):
+            done = run_dvc(dvc_repo, "repro", "leaves", interval=0.5)
+        assert time.monotonic() - started < 300 and done.returncode == 0
+        assert "stage said this" in done.stdout
+        assert "holds its output open" in caplog.text
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 9)
 
 
 @dvc_slow
@@ -420,34 +452,72 @@ def _note(repo, pid: int, started: float, caller: int, caller_started: float, ar
     return path
 
 
+@linux_only
 def test_what_a_killed_callers_dvc_left_behind_after_dvc_ended_is_stopped_by_its_mark(tmp_path):
     """A caller killed outright, and its DVC ended too (killed with it, or crashed) while a stage ran on,
     handed to init: the next lock holder finds the stage by the mark in its environment. A living caller's
     marked processes, and processes of another mark, are left alone."""
     import subprocess
     import time
+    import uuid
 
     import psutil
 
     from recsys.workspace import RUN_MARK_ENV, stop_orphaned_dvc
 
     sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
-    stage = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: "m1"})
-    other = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: "m2"})
+    mark = uuid.uuid4().hex  # (the scan sees every process on the host: another test run's too)
+    stage = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: mark})
+    other = subprocess.Popen(sleep, env={**os.environ, RUN_MARK_ENV: uuid.uuid4().hex})
     caller = subprocess.Popen(sleep)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the note's DVC, ended
     gone.wait()
     try:
         caller_started = psutil.Process(caller.pid).create_time()
-        note = _note(tmp_path, gone.pid, time.time() - 60, caller.pid, caller_started, ("repro", "x"), mark="m1")
+        note = _note(tmp_path, gone.pid, time.time() - 60, caller.pid, caller_started, ("repro", "x"), mark=mark)
         assert stop_orphaned_dvc(tmp_path) == [] and stage.poll() is None and note.exists()  # its caller lives
         caller.kill()
         caller.wait()
-        assert stop_orphaned_dvc(tmp_path, grace=5) == [f"what `dvc repro x` (pid {gone.pid}) started"]
+        assert stop_orphaned_dvc(tmp_path, grace=5) == [f"what `dvc repro x` (pid {gone.pid}) left running"]
         assert stage.wait(timeout=30) is not None and not note.exists()
         assert other.poll() is None  # another run's
     finally:
         for process in (stage, other, caller):
+            process.kill()
+            process.wait()
+
+
+@linux_only
+def test_the_mark_scan_leaves_this_process_its_ancestors_and_dvcs_own_daemons_alone(monkeypatch):
+    """`marked`: a marked process DVC started is found; this process and its ancestors (a stage that carries
+    the mark itself), DVC's daemons (DVC_DAEMON) and the forks of DVC that wait on them (DVC's command line)
+    are not — nor anything once it has ended."""
+    import subprocess
+    import uuid
+
+    from recsys.workspace import RUN_MARK_ENV, marked
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(RUN_MARK_ENV, mark)  # (for the processes this test starts)
+    code = "import time; time.sleep(600)"
+    stage = subprocess.Popen([sys.executable, "-c", code])
+    daemon = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "DVC_DAEMON": "1"})
+    fork = subprocess.Popen([sys.executable, "-c", code, "dvc-fork"])
+    try:
+        scan = f"from recsys.workspace import marked; print(sorted(p.pid for p in marked({mark!r})))"
+        outer = ("import os, subprocess, sys; print(os.getpid()); sys.stdout.flush(); "
+                 f"subprocess.run([sys.executable, '-c', {scan!r}])")
+        pids = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True, check=True).stdout
+        ancestor, seen = pids.splitlines()  # a marked process's scan, from under a marked parent
+        assert seen == str(sorted([stage.pid, fork.pid])) and ancestor not in seen
+        found = {p.pid for p in marked(mark, [sys.executable, "-c", code, "dvc-fork"])}
+        assert found == {stage.pid}
+        assert {p.pid for p in marked(mark)} == {stage.pid, fork.pid}
+        stage.kill()
+        stage.wait()
+        assert {p.pid for p in marked(mark)} == {fork.pid}
+    finally:
+        for process in (stage, daemon, fork):
             process.kill()
             process.wait()
 
