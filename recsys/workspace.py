@@ -127,7 +127,7 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     proc = subprocess.Popen(dvc_command(*args), cwd=root, env={**subprocess_env(), RUN_MARK_ENV: mark},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                             text=True)
-    dvc_line = _cmdline(_process(proc.pid, None))  # (the forks DVC leaves to wait on its daemons share it)
+    dvc_line = list(map(str, proc.args))  # DVC's argv (the forks it leaves to wait on its daemons end with it)
     record = _record_running(root, proc, mark, dvc_line)
     what = f"`dvc {' '.join(args)}`"
     try:
@@ -233,15 +233,6 @@ RUN_MARK_ENV = "RECSYS_DVC_RUN"  # in the environment of every process one `run_
 OUTPUT_GRACE_S = 30.0  # how long `run_dvc` waits, after DVC ended, for an unmarked holder of its output
 
 
-def _cmdline(process) -> list[str] | None:
-    import psutil
-
-    try:
-        return None if process is None else process.cmdline()
-    except (psutil.Error, OSError):
-        return None
-
-
 def _text(output: bytes | str | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
@@ -250,7 +241,8 @@ def marked(mark: str, dvc_line: list[str] | None = None) -> list[psutil.Process]
     """The processes, other than this one and its ancestors, that carry `run_dvc`'s mark `mark` in their
     environment (readable for this user's processes, on Linux) — DVC's own daemons aside: those DVC starts
     with DVC_DAEMON set (its updater and analytics, which end by themselves), and the forks of DVC that wait
-    on them (a fork keeps DVC's command line, `dvc_line`, and its environment)."""
+    on them (a fork keeps DVC's environment and command line, which ends with DVC's argv `dvc_line`: after
+    the interpreter, for a script)."""
     import psutil
 
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
@@ -263,7 +255,10 @@ def marked(mark: str, dvc_line: list[str] | None = None) -> list[psutil.Process]
             env = process.environ()
             if env.get(RUN_MARK_ENV) != mark or (daemons_marked and env.get("DVC_DAEMON")):
                 continue
-            if process.status() != psutil.STATUS_ZOMBIE and (dvc_line is None or process.cmdline() != dvc_line):
+            line = process.cmdline()
+            if dvc_line and line[-len(dvc_line):] == dvc_line:
+                continue
+            if process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
     return found
 
@@ -323,7 +318,7 @@ def _record_running(root: Path, proc: subprocess.Popen, mark: str, dvc_line: lis
     record = layout.state / RUNNING / f"{proc.pid}.json"
     note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
             "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:])), "mark": mark,
-            "cmdline": dvc_line}
+            "argv": dvc_line}
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(record, json.dumps(note), layout.scratch)  # whole or absent: never half a note
@@ -384,7 +379,7 @@ def stop_orphaned_dvc(root: Path, grace: float = 10.0) -> list[str]:
                 continue
             log.warning("stopped %s and its stages: a run killed before it ended left it running", what)
             stopped.append(what)
-        if mark and stop_marked(mark, what, note.get("cmdline"), grace):  # what outlived DVC (it died first)
+        if mark and stop_marked(mark, what, note.get("argv"), grace):  # what outlived DVC (it died first)
             stopped.append(f"what {what} left running")
         _forget(record)
     return stopped
