@@ -204,8 +204,6 @@ def _stop_tree(leader: psutil.Process, grace: float) -> None:
     """SIGINT to a process and all under it, SIGKILL to what is left after `grace` seconds (or at a second
     interrupt). Once `leader` has ended nothing is signalled in its name (`is_running` compares the start
     time too, so a process later given its pid is never taken for it)."""
-    import signal
-
     import psutil
 
     def tree() -> list[psutil.Process]:
@@ -216,21 +214,33 @@ def _stop_tree(leader: psutil.Process, grace: float) -> None:
         except psutil.Error:
             return [leader]
 
-    found = tree()
+    _interrupt_then_kill(tree, grace)
+
+
+def _interrupt_then_kill(find: Callable[[], list[psutil.Process]], grace: float) -> list[psutil.Process]:
+    """SIGINT to the processes `find()` lists, SIGKILL after `grace` seconds (or at a second interrupt) to
+    what is left of them and to what `find()` lists then (what started meanwhile); returns the first list."""
+    import signal
+
+    import psutil
+
+    found = find()
     try:
         for process in found:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGINT)
         psutil.wait_procs(found, timeout=grace)
     finally:
-        for process in [*found, *tree()]:  # (and what started meanwhile)
+        for process in [*found, *find()]:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+    return found
 
 
 RUNNING = "dvc-running"  # inside STATE: one note per `dvc` process `run_dvc` started and has not seen end
 RUN_MARK_ENV = "RECSYS_DVC_RUN"  # in the environment of every process one `run_dvc` call's DVC starts
 OUTPUT_GRACE_S = 30.0  # how long `run_dvc` waits, after DVC ended, for an unmarked holder of its output
+TORN_AFTER_S = 60.0  # a note that does not parse is a torn one (its writer was killed) once this old
 
 
 def _text(output: bytes | str | None) -> str:
@@ -267,27 +277,11 @@ def stop_marked(mark: str, what: str, dvc_line: list[str] | None = None, grace: 
     """Stop whatever the processes of `run_dvc`'s call `mark` left running when its DVC ended (SIGINT, then
     SIGKILL after `grace` seconds): a stage DVC was running when it died, or a process a stage left behind;
     returns their pids."""
-    import signal
-
-    import psutil
-
-    found = marked(mark, dvc_line)
-    if not found:
-        return []
-    try:
-        for process in found:
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signal.SIGINT)
-        psutil.wait_procs(found, timeout=grace)
-    finally:
-        for process in [*found, *marked(mark, dvc_line)]:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-    pids = sorted(p.pid for p in found)
-    log.warning("stopped %d process(es) that %s left running when it ended (pids %s)", len(pids), what,
-                ", ".join(map(str, pids)))
+    pids = sorted(p.pid for p in _interrupt_then_kill(lambda: marked(mark, dvc_line), grace))
+    if pids:
+        log.warning("stopped %d process(es) that %s left running when it ended (pids %s)", len(pids), what,
+                    ", ".join(map(str, pids)))
     return pids
-TORN_AFTER_S = 60.0  # a note that does not parse is a torn one (its writer was killed) once this old
 
 
 def _process(pid: int, started: float | None):
