@@ -77,9 +77,9 @@ SASREC_P40 = "sasrec:ce@residual=reference,n_heads=2,patience=40,grad_clip=0,win
 # from ~22 % of a row's events per epoch where SASRec learns from all of them, so it gets a longer floor.
 BERT4REC_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2"
 # BERT4Rec's session-9 bundle without the epoch floor (does the floor matter?), and MOJITO in SASRec's regime
-# (uniform batches, patience 20, the epoch floor, whole-history windows) — params.yaml's MOJITO in sessions 10–28,
-# and its rows and those of the strings built on it were measured at the lr 1e-3 of then: without lr, the string
-# builds today's default (2e-3, MOJITO_DEFAULT_RUN below), so a new run at the old rate adds lr=0.001.
+# (uniform batches, patience 20, the epoch floor, whole-history windows) — params.yaml's MOJITO in sessions
+# 10–28; its rows and those of the strings built on it were measured at the lr 1e-3 of then: without lr, the
+# string builds today's default (2e-3, MOJITO_DEFAULT_RUN below), so a new run at the old rate adds lr=0.001.
 BERT4REC_P40 = "bert4rec@windows=all,patience=40,grad_clip=0,dropout=0.2"
 MOJITO_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
 # Session 12: SASRec's winning block arrangement on BERT4Rec's session-9 bundle, then Sun et al.'s LayerNorm
@@ -94,13 +94,13 @@ BERT4REC_DROP03 = BERT4REC_REF_HN.replace("dropout=0.2", "dropout=0.3")
 # (except in session 24), as every BERT4REC_* run above.
 BERT4REC_WIDE = f"{BERT4REC_LIS01},dim=128,ffn_dim=512,lr=0.002"
 MOJITO_WIDE = f"{MOJITO_LONG},dim=128,lr=0.002"
-# Session 23: MOJITO's width with SASRec's rate — fewer epochs to its best without the wider step; params.yaml's
-# MOJITO since session 29 (tests/test_benchmarks.py checks that MOJITO_DEFAULT_RUN builds exactly that)
+# Session 23: MOJITO's width with SASRec's rate — fewer epochs to its best without the wider step;
+# params.yaml's MOJITO since session 29 (tests/test_benchmarks.py checks that MOJITO_DEFAULT_RUN builds it)
 MOJITO_LR2 = f"{MOJITO_LONG},lr=0.002"
 MOJITO_DEFAULT_RUN = MOJITO_LR2
 # Session 23 (GPU): the defaults with their training step captured as a CUDA graph (train.cuda_graph), the
-# product's fastest GPU path for both sides of the MOJITO claim's time ratio (MOJITO_GRAPHED's rows: lr 1e-3, the
-# default of then; MOJITO_LR2_GRAPHED is today's defaults graphed).
+# product's fastest GPU path for both sides of the MOJITO claim's time ratio (MOJITO_GRAPHED's rows: lr 1e-3,
+# the default of then; MOJITO_LR2_GRAPHED is today's defaults graphed).
 SASREC_GRAPHED = f"{SASREC_DEFAULT_RUN},cuda_graph=true"
 MOJITO_GRAPHED = f"{MOJITO_LONG},cuda_graph=true"
 # MOJITO_WIDE_GRAPHED is README's GPU setting for MOJITO since session 28 (both GPU aims met; the defaults
@@ -126,10 +126,10 @@ BERT4REC_PEER_GRAPHED = f"{BERT4REC_GRAPHED},dim=256,n_heads=4,ffn_dim=1024,lr=0
 # mask rate (0.2 < 0.3, so up), and width 128 with more dropout (at dropout 0.2 it peaked at epoch 160).
 BERT4REC_MASK04_GRAPHED = f"{BERT4REC_GRAPHED},mask_prob=0.4"
 BERT4REC_WIDE_D03_GRAPHED = f"{BERT4REC_WIDE.replace('dropout=0.2', 'dropout=0.3')},cuda_graph=true"
-# Session 29 (for a GPU lease; no rows yet): the defaults' ml-1m-half validation curves swing by ±0.005 between
-# nearby epochs and still rise when patience stops them (seed 44: 0.1748 at epoch 321, stopped at 376), so
-# validate, keep and test a moving average of the weights (train.ema; +0.0007 on ml-100k seed 42, session 15,
-# where an epoch is 8 × fewer steps: decay 0.999 here spans ~1,000 steps, ~5 ml-1m-half epochs at batch 128).
+# Session 29 (for a GPU lease; no rows yet): the defaults' ml-1m-half validation curves swing by ±0.005
+# between nearby epochs and still rise when patience stops them (seed 44: 0.1748 at epoch 321, stopped at
+# 376), so validate, keep and test a moving average of the weights (train.ema; +0.0007 on ml-100k seed 42,
+# session 15, at decay 0.99; 0.999 spans ~1,000 steps, a few ml-1m-half epochs at batch 128).
 BERT4REC_EMA_GRAPHED = f"{BERT4REC_GRAPHED},ema=0.999"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
@@ -194,10 +194,11 @@ ABLATION = (
      "the same settings at 10f5f20 (reverted): the CPU's dropout masks from random words instead of bernoulli_"),
     # Session 21: the other two models at SASRec's new width and rate (their defaults stay at dim 64)
     (BERT4REC_WIDE, BERT4REC_LIS01, "BERT4Rec: dim 128, feed-forward 512, lr 2e-3 (from 64, 256, 3e-3)"),
-    (MOJITO_LONG, None,
-     "MOJITO's defaults of sessions 10–28 (uniform batches, patience 20, epoch floor 100, whole history, lr 1e-3)"),
+    (MOJITO_LONG, None, ("MOJITO's defaults of sessions 10–28 (uniform batches, patience 20, epoch floor 100, "
+                         "whole history, lr 1e-3)")),
     (MOJITO_WIDE, MOJITO_LONG, "MOJITO: dim 128, lr 2e-3 (from 64, 1e-3)"),
-    (MOJITO_LR2, MOJITO_LONG, "MOJITO: lr 2e-3 (from 1e-3), dim 64 kept: params.yaml's MOJITO since session 29"),
+    (MOJITO_LR2, MOJITO_LONG,
+     "MOJITO: lr 2e-3 (from 1e-3), dim 64 kept: params.yaml's MOJITO since session 29"),
     # Session 24
     (BERT4REC_EXACT, BERT4REC_LIS01,
      "BERT4Rec: exactly round(ρ·n) masked tokens a row, the reference code's (from each with probability ρ)"),
@@ -350,7 +351,8 @@ def processor(row: dict) -> str:
 DIFFERENT_MACHINES = "on different machines"
 AIMS_HEADER = (
     "| dataset | comparison | seeds | test NDCG@10 (model / base, mean ± sd) | ratio of means [95 % paired "
-    "bootstrap] | time to best (model / base) | time ratio | aim | verdict |\n|---|---|---|---|---|---|---|---|---|"
+    "bootstrap] | time to best (model / base) | time ratio | aim | verdict |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -140,8 +140,8 @@ case "$phase" in
     #   3. quality seeds, QUICK_SHARED (default 5) processes at once with --shared-device: BERT4Rec's next
     #      candidates for its 0.90 x aim on ml-1m-half (0.86 x; session 28 ruled out RecTools' shape and mask
     #      rate 0.2): mask rate 0.4 (seeds 42-44) and width 128 with dropout 0.3 (it peaked at epoch 160 with
-    #      0.2), a moving average of the weights (decay 0.999), then BERT4Rec graphed seeds 43-44, MOJITO's defaults (lr 2e-3 since session 29) graphed seeds
-    #      43-44, and the older claim seeds. curves.py takes their times into no ratio (the rows of seeds
+    #      0.2), a moving average of the weights (decay 0.999), then BERT4Rec graphed seeds 43-44, MOJITO's
+    #      defaults (lr 2e-3 since session 29) graphed seeds 43-44, and the older claim seeds. curves.py takes their times into no ratio (the rows of seeds
     #      trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in

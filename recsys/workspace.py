@@ -127,8 +127,8 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
     proc = subprocess.Popen(dvc_command(*args), cwd=root, env={**subprocess_env(), RUN_MARK_ENV: mark},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                             text=True)
-    dvc_line = list(map(str, proc.args))  # DVC's argv (the forks it leaves to wait on its daemons end with it)
-    record = _record_running(root, proc, mark, dvc_line)
+    dvc_argv = list(map(str, proc.args))  # (the forks DVC leaves to wait on its daemons end with it)
+    record = _record_running(root, proc, mark, dvc_argv)
     what = f"`dvc {' '.join(args)}`"
     try:
         if not merged:
@@ -142,11 +142,11 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
                         continue
                     if ended is None:  # DVC has ended, and what it left running holds its output open
                         ended = time.monotonic()
-                        stop_marked(mark, what, dvc_line)
+                        stop_marked(mark, what, dvc_argv)
                     elif time.monotonic() - ended > OUTPUT_GRACE_S:
-                        log.error("%s ended, but a process it started and no mark of this run's names still "
-                                  "holds its output open after %.0f s; going on without the rest of that output",
-                                  what, OUTPUT_GRACE_S)
+                        log.error("%s ended, but a process it started without this run's mark (one given a "
+                                  "clean environment: env -i, sudo) still holds its output open after %.0f s; "
+                                  "going on with the output so far", what, OUTPUT_GRACE_S)
                         stdout, stderr = (_text(waited.output), _text(waited.stderr))
                         for pipe in (proc.stdout, proc.stderr):
                             with contextlib.suppress(OSError):
@@ -162,7 +162,7 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
                     watch()
                 except Exception as err:  # progress reporting is an API call: a hiccup must not end training
                     log.warning("while `dvc %s` runs: %s", " ".join(args), err)
-            stop_marked(mark, what, dvc_line)  # (what DVC left running would hold its output open)
+            stop_marked(mark, what, dvc_argv)  # (what DVC left running would hold its output open)
             reader.join(timeout=10)
             stdout, stderr = "".join(lines), ""
     finally:
@@ -171,7 +171,7 @@ def run_dvc(root: Path, *args: str, check: bool = True, watch: Callable[[], None
                 if proc.poll() is None:
                     stop_process_tree(proc)
             finally:  # (also after a second Ctrl-C: stop_process_tree has killed DVC's tree by then)
-                stop_marked(mark, what, dvc_line)
+                stop_marked(mark, what, dvc_argv)
         finally:  # (a third must not leave the note behind)
             _forget(record)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
@@ -247,11 +247,11 @@ def _text(output: bytes | str | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
-def marked(mark: str, dvc_line: list[str] | None = None) -> list[psutil.Process]:
+def marked(mark: str, dvc_argv: list[str] | None = None) -> list[psutil.Process]:
     """The processes, other than this one and its ancestors, that carry `run_dvc`'s mark `mark` in their
     environment (readable for this user's processes, on Linux) — DVC's own daemons aside: those DVC starts
     with DVC_DAEMON set (its updater and analytics, which end by themselves), and the forks of DVC that wait
-    on them (a fork keeps DVC's environment and command line, which ends with DVC's argv `dvc_line`: after
+    on them (a fork keeps DVC's environment and command line, which ends with DVC's argv `dvc_argv`: after
     the interpreter, for a script)."""
     import psutil
 
@@ -266,18 +266,18 @@ def marked(mark: str, dvc_line: list[str] | None = None) -> list[psutil.Process]
             if env.get(RUN_MARK_ENV) != mark or (daemons_marked and env.get("DVC_DAEMON")):
                 continue
             line = process.cmdline()
-            if dvc_line and line[-len(dvc_line):] == dvc_line:
+            if dvc_argv and line[-len(dvc_argv):] == dvc_argv:
                 continue
             if process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
     return found
 
 
-def stop_marked(mark: str, what: str, dvc_line: list[str] | None = None, grace: float = 10.0) -> list[int]:
+def stop_marked(mark: str, what: str, dvc_argv: list[str] | None = None, grace: float = 10.0) -> list[int]:
     """Stop whatever the processes of `run_dvc`'s call `mark` left running when its DVC ended (SIGINT, then
     SIGKILL after `grace` seconds): a stage DVC was running when it died, or a process a stage left behind;
     returns their pids."""
-    pids = sorted(p.pid for p in _interrupt_then_kill(lambda: marked(mark, dvc_line), grace))
+    pids = sorted(p.pid for p in _interrupt_then_kill(lambda: marked(mark, dvc_argv), grace))
     if pids:
         log.warning("stopped %d process(es) that %s left running when it ended (pids %s)", len(pids), what,
                     ", ".join(map(str, pids)))
@@ -298,7 +298,7 @@ def _process(pid: int, started: float | None):
         return None
 
 
-def _record_running(root: Path, proc: subprocess.Popen, mark: str, dvc_line: list[str] | None) -> Path | None:
+def _record_running(root: Path, proc: subprocess.Popen, mark: str, dvc_argv: list[str]) -> Path | None:
     """Note the `dvc` process `run_dvc` started, and its caller, until it ends: if the caller is killed
     outright (SIGKILL, the OOM killer), nothing stops DVC and its stages, and the next writer of this
     workspace stops them (`stop_orphaned_dvc`). None when the note cannot be written (a read-only state
@@ -312,7 +312,7 @@ def _record_running(root: Path, proc: subprocess.Popen, mark: str, dvc_line: lis
     record = layout.state / RUNNING / f"{proc.pid}.json"
     note = {"pid": proc.pid, "started": dvc.create_time(), "caller": os.getpid(),
             "caller_started": caller.create_time(), "args": list(map(str, proc.args[1:])), "mark": mark,
-            "argv": dvc_line}
+            "argv": dvc_argv}
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(record, json.dumps(note), layout.scratch)  # whole or absent: never half a note

@@ -29,7 +29,7 @@ def test_the_default_sasrec_run_is_what_params_yaml_trains():
 def test_the_default_mojito_run_is_what_params_yaml_trains():
     params = load_params(ROOT / "params.yaml")
     assert configs_for(curves.MOJITO_DEFAULT_RUN, params) == configs_for("mojito", params)
-    # the sessions 10-28 defaults, whose rows (MOJITO_LONG) hold lr 1e-3: a new run at them spells the rate out
+    # the sessions 10-28 defaults, whose rows (MOJITO_LONG) hold lr 1e-3: a new run at them spells it out
     old = configs_for(f"{curves.MOJITO_LONG},lr=0.001", params)
     assert old[2].lr == 0.001 and old != configs_for("mojito", params)
 
@@ -101,12 +101,13 @@ def test_the_same_machine_table_puts_a_claims_two_sides_on_one_machine():
     intel = "Intel(R) Xeon(R) Processor, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
     rows = [{**_row(mojito, s, 0.12, 600.0, 500.0), "dataset": "ml-100k", "machine": intel} for s in (42, 43)]
     rows += [{**_row(base, s, 0.11, 300.0, 100.0), "dataset": "ml-100k", "machine": amd} for s in (42, 43)]
-    rows += [{**_row(bert, 42, 0.10, 300.0, 300.0), "dataset": "ml-100k", "machine": amd}]  # one machine already
+    rows += [{**_row(bert, 42, 0.10, 300.0, 300.0), "dataset": "ml-100k", "machine": amd}]  # on one machine
     same = [{**_row(base, 42, 0.10, 300.0, 250.0), "dataset": "ml-100k", "machine": intel}]
     assert curves.same_machine_table(rows, same).splitlines()[2:] == []  # seed 43's base is still the AMD row
     same.append({**_row(base, 43, 0.10, 300.0, 250.0), "dataset": "ml-100k", "machine": intel})
     lines = curves.same_machine_table(rows, same).splitlines()[2:]
-    assert len(lines) == 1 and lines[0].startswith(f"| ml-100k | {mojito} vs {base} | 2 | 0.1200 ± 0.0000 / 0.1000")
+    assert len(lines) == 1
+    assert lines[0].startswith(f"| ml-100k | {mojito} vs {base} | 2 | 0.1200 ± 0.0000 / 0.1000")
     assert "| 500 ± 0 / 250 ± 0 CPU s | 2.0 × |" in lines[0]  # 5.0 × in the aims table, across machines
 
 
@@ -561,8 +562,8 @@ def test_the_gpu_session_script_trains_todays_defaults():
     sasrec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$SASREC"'])], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert sasrec == curves.SASREC_DEFAULT_RUN
-    mojito = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$MOJITO"'])], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    mojito = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$MOJITO"'])], capture_output=True,
+                            text=True, check=True).stdout.strip()
     assert mojito == curves.MOJITO_DEFAULT_RUN
     for name in ("MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED", "MOJITO_LR2_GRAPHED", "SASREC_GRAPHED",
                  "BERT4REC_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED", "BERT4REC_MASK04_GRAPHED",
@@ -674,9 +675,10 @@ def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(tmp_path, c
 
 
 def test_a_rows_seed_is_its_own_field_or_its_train_configs():
-    """A row that records its seed needs no train config (results/same-machine.json's rows hold no config); a row
-    from before `--seeds` has it only in the train config."""
+    """A row that records its seed needs no train config (results/same-machine.json's rows hold none); a
+    row from before `--seeds` has it only in the train config."""
     from bench_models import row_key
 
     assert row_key({"dataset": "ml-100k", "run": "sasrec", "seed": 43}) == ("ml-100k", "sasrec", 43)
-    assert row_key({"dataset": "ml-100k", "run": "sasrec", "train": {"seed": 42}}) == ("ml-100k", "sasrec", 42)
+    old = {"dataset": "ml-100k", "run": "sasrec", "train": {"seed": 42}}
+    assert row_key(old) == ("ml-100k", "sasrec", 42)

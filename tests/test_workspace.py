@@ -194,7 +194,8 @@ def test_dvcs_own_daemons_are_not_taken_for_leftovers(tmp_path, caplog):
 
 
 @dvc_slow
-def test_run_dvc_does_not_wait_forever_on_an_unmarked_holder_of_its_output(dvc_repo, tmp_path, monkeypatch, caplog):
+def test_run_dvc_does_not_wait_forever_on_an_unmarked_holder_of_its_output(dvc_repo, tmp_path, monkeypatch,
+                                                                          caplog):
     """A stage that leaves a process running whose environment no longer carries the mark (started with a
     clean environment, as `env -i` or sudo do) keeps DVC's output open after DVC ended: `run_dvc` goes on
     after OUTPUT_GRACE_S with the output it has and one error line (it waited as long as that process ran)."""
@@ -490,8 +491,9 @@ def test_what_a_killed_callers_dvc_left_behind_after_dvc_ended_is_stopped_by_its
     gone.wait()
     try:
         caller_started = psutil.Process(caller.pid).create_time()
-        note = _note(tmp_path, gone.pid, time.time() - 60, caller.pid, caller_started, ("repro", "x"), mark=mark)
-        assert stop_orphaned_dvc(tmp_path) == [] and stage.poll() is None and note.exists()  # its caller lives
+        note = _note(tmp_path, gone.pid, time.time() - 60, caller.pid, caller_started, ("repro", "x"),
+                     mark=mark)
+        assert stop_orphaned_dvc(tmp_path) == [] and stage.poll() is None and note.exists()  # caller lives
         caller.kill()
         caller.wait()
         assert stop_orphaned_dvc(tmp_path, grace=5) == [f"what `dvc repro x` (pid {gone.pid}) left running"]
@@ -523,10 +525,11 @@ def test_the_mark_scan_leaves_this_process_its_ancestors_and_dvcs_own_daemons_al
         scan = f"from recsys.workspace import marked; print(sorted(p.pid for p in marked({mark!r})))"
         outer = ("import os, subprocess, sys; print(os.getpid()); sys.stdout.flush(); "
                  f"subprocess.run([sys.executable, '-c', {scan!r}])")
-        pids = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True, check=True).stdout
+        pids = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True,
+                              check=True).stdout
         ancestor, seen = pids.splitlines()  # a marked process's scan, from under a marked parent
         assert seen == str(sorted([stage.pid, fork.pid])) and ancestor not in seen
-        found = {p.pid for p in marked(mark, ["-c", code, "dvc-fork"])}  # (a script's argv: after the interpreter)
+        found = {p.pid for p in marked(mark, ["-c", code, "dvc-fork"])}  # (argv after the interpreter)
         assert found == {stage.pid}
         assert {p.pid for p in marked(mark)} == {stage.pid, fork.pid}
         stage.kill()
