@@ -98,16 +98,21 @@ def _short(err: BaseException) -> str:
     return (str(err).splitlines() or [type(err).__name__])[0][:200]
 
 
-def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
+def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bool = True) -> Any:
     """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
 
     The line is printed at interpreter exit by a handler registered before the flow starts Prefect's
     temporary API server: exit handlers run last-registered first, so the server's shutdown message comes
     before it and the error is the last line a person sees (stopping the server early instead races the
-    run's own log and event workers)."""
+    run's own log and event workers). That server is started here, out of the terminal's process group
+    (`flows.ephemeral`; not for `temporary_server=False`, `flows.serve`, which refuses to run on one): a
+    Ctrl-C stops the run — and the `dvc repro` it runs — and the run reports it to a server that is still
+    there, then exits with 130 and one line."""
     import atexit
     import os
     import traceback
+
+    from flows.ephemeral import start_in_own_session
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
     if not verbose:  # every API request at INFO (`flows.zombies` printed them as its output)
@@ -119,7 +124,15 @@ def run_main(run: Callable[[], Any], verbose: bool = False) -> Any:
     last_words: list[str] = []
     atexit.register(lambda: [print(line, file=sys.stderr, flush=True) for line in last_words])
     try:
+        if temporary_server:
+            start_in_own_session()
         return run()
+    except KeyboardInterrupt:
+        if verbose:
+            traceback.print_exc()
+        last_words.append("interrupted: the run stopped, and the commands it had started with it; run it "
+                          "again to go on (training resumes from its last saved epoch)")
+        sys.exit(130)
     except Exception as err:
         line = error_line(err) if is_user_error(err) else unreachable_server(err)
         if line is None:

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cron", default=NIGHTLY_CRON, type=cron_expression,
                         help=f"schedule of the nightly deployment (UTC; default {NIGHTLY_CRON!r})")
     args = parser.parse_args(argv)
-    run_main(lambda: serve_deployments(args.cron), args.verbose)
+    run_main(lambda: serve_deployments(args.cron), args.verbose, temporary_server=False)
 
 
 if __name__ == "__main__":

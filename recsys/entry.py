@@ -115,6 +115,11 @@ def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)
     logging.basicConfig(level=logging.INFO, format=log_format)
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C, or `run_dvc` stopping the stages of an interrupted run: no traceback
+        if verbose_requested():
+            traceback.print_exc()
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     except Exception as err:
         if not is_user_error(err):
             raise

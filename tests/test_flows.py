@@ -6,7 +6,9 @@ Real Prefect runs (a session-scoped `prefect_test_harness`), real `dvc`, real GX
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -255,3 +257,81 @@ def test_bad_params_end_the_flow_in_one_line(tmp_path):
                                     flow_env(tmp_path), tmp_path / "pipeline.log")
     assert code == 1, output[-4000:]
     assert "epochz" in _one_error_line(output) and "Traceback" not in output, output[-4000:]
+
+
+def _session(sid: int):
+    import psutil
+
+    out = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                out.append(process)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_line(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole foreground process group): it used to reach Prefect's
+    temporary server too, which died at once, and the interrupted run hung retrying its reports against it
+    until killed. The server now runs in a session of its own: the run reports the interruption, stops its
+    `dvc repro` and training, exits with 130 and one line; nothing it started is left running."""
+    import psutil
+
+    repo = make_repo(tmp_path / "repo")
+    cmd = [sys.executable, "-m", "flows.retrain", "--repo-root", str(repo), "--models", "sasrec", "--epochs",
+           "100000"]
+    log = tmp_path / "retrain.log"
+    with log.open("w") as out:
+        flow = subprocess.Popen(cmd, cwd=repo, env=flow_env(tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # (a terminal's foreground group, in miniature)
+    try:
+        deadline, trainer, server = time.monotonic() + 600, None, None
+        while trainer is None and time.monotonic() < deadline and flow.poll() is None:
+            time.sleep(0.5)
+            children = psutil.Process(flow.pid).children(recursive=True)
+            trainer = next((p for p in children if "recsys.train" in " ".join(p.cmdline())), None)
+            server = next((p for p in children if "uvicorn" in " ".join(p.cmdline())), server)
+        assert trainer is not None and server is not None, log.read_text()[-4000:]
+        assert os.getsid(server.pid) != flow.pid  # out of the terminal's reach
+        time.sleep(3)
+        os.killpg(flow.pid, signal.SIGINT)
+        code = flow.wait(timeout=120)  # (it hung for minutes before)
+        output = log.read_text()
+        assert code == 130, output[-4000:]
+        assert output.rstrip().splitlines()[-1].startswith("interrupted: "), output[-2000:]
+        assert "Traceback" not in output and "Unable to connect" not in output, output[-4000:]
+        psutil.wait_procs([trainer, server], timeout=30)
+        assert not trainer.is_running() and not server.is_running()
+        assert not _session(flow.pid)
+    finally:
+        for process in _session(flow.pid):
+            process.kill()
+        if flow.poll() is None:
+            flow.kill()
+
+
+def test_the_temporary_server_dies_with_a_run_killed_outright(tmp_path):
+    """In its own session the temporary server is out of the reach of a kill of the run's process group
+    too: bound to the run's process (Linux PR_SET_PDEATHSIG), it ends when a SIGKILL ends the run."""
+    import psutil
+
+    if sys.platform != "linux":
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    code = ("from flows.ephemeral import start_in_own_session\n"
+            "print(start_in_own_session(), flush=True)\nimport time\ntime.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, "-c", code], env=flow_env(tmp_path), stdout=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        url = run.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/api"), url
+        (server,) = [p for p in psutil.Process(run.pid).children() if "uvicorn" in " ".join(p.cmdline())]
+        assert os.getsid(server.pid) == server.pid
+        run.kill()
+        run.wait()
+        psutil.wait_procs([server], timeout=30)
+        assert not server.is_running()
+    finally:
+        run.kill()
+        run.wait()

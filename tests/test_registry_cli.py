@@ -205,7 +205,7 @@ def test_recommend_command_serves_the_champion(tmp_path, params_path):
     assert unknown.exit_code == 0, unknown.output
     assert "[popularity_fallback]" in unknown.output and "is not in the prepared dataset" in unknown.output
     bad_time = invoke(recommend_app, "--user", "alice", "--at", "yesterday", "--params", str(params_path))
-    assert bad_time.exit_code == 1 and "ISO-8601" in bad_time.output
+    assert bad_time.exit_code == 2 and "ISO-8601" in bad_time.output
 
 
 def test_recommend_refuses_a_tampered_champion(tmp_path, params_path):

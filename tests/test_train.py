@@ -8,7 +8,9 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import pickle
+import sys
 
 import pandas as pd
 import pytest
@@ -782,3 +784,32 @@ def test_a_curve_write_that_fails_leaves_the_old_curve_and_no_temp_file(tmp_path
         _write_curve(curve, [{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 1.5, "extra": 0}])
     assert curve.read_bytes() == before
     assert sorted(p.name for p in curve.parent.iterdir()) == ["sasrec.csv"]
+
+
+def test_a_stage_interrupted_mid_training_says_so_in_one_line_and_resumes(tiny_prepared, write_params, tmp_path):
+    """SIGINT to the train stage (a Ctrl-C, or `run_dvc` stopping the stages of an interrupted run): it
+    printed a 60-line KeyboardInterrupt traceback into `dvc repro`'s output; now one line, exit 130, and the
+    state of the last finished epoch is kept for the rerun."""
+    import signal
+    import subprocess
+    import time
+
+    from recsys.prepare import save
+
+    params = write_params({"train": {"epochs": 100000, "patience": 100000}})
+    save(tiny_prepared, tmp_path / "artifacts" / "prepared")
+    stage = subprocess.Popen([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params",
+                              str(params), "--root", str(tmp_path)], cwd=tmp_path,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not any((tmp_path / ".resume").glob("*/*")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # (an epoch's state saved)
+        stage.send_signal(signal.SIGINT)
+        _, err = stage.communicate(timeout=120)
+    finally:
+        stage.kill()
+    assert stage.returncode == 130, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err[-2000:]
+    assert any((tmp_path / ".resume").iterdir())

@@ -61,8 +61,8 @@ def recommend_command(
     try:
         at_time = parse_time(at) if at is not None else None
         items = parse_history(history) if history is not None else None
-    except RecommendError as err:
-        fail(str(err))
+    except RecommendError as err:  # a value of the wrong kind: a command line that does not parse
+        fail(f"{err} (see 'recsys recommend --help')", code=2)
     subject = f"user {user!r}" if user is not None else f"history {history!r}"
     with open_from_params(params, f"cannot recommend for {subject}", read_only=True) as registry:
         root = Path(params).resolve().parent
