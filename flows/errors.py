@@ -13,7 +13,15 @@ import sys
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from recsys.entry import VERBOSE_ENV, error_line, is_transient, is_user_error, verbose_requested
+from recsys.entry import (
+    VERBOSE_ENV,
+    die_of_the_interrupt,
+    end_by_sigint_when_interrupted,
+    error_line,
+    is_transient,
+    is_user_error,
+    verbose_requested,
+)
 
 
 def _exception_of(state: Any) -> BaseException | None:
@@ -121,6 +129,7 @@ def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bo
         os.environ[VERBOSE_ENV] = "1"  # the stages dvc runs print their tracebacks too
     else:
         hide_user_error_tracebacks()
+    end_by_sigint_when_interrupted()  # (first: it runs after the last words and the server's stop)
     last_words: list[str] = []
     atexit.register(lambda: [print(line, file=sys.stderr, flush=True) for line in last_words])
     try:
@@ -130,9 +139,9 @@ def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bo
     except KeyboardInterrupt:
         if verbose:
             traceback.print_exc()
-        last_words.append("interrupted: the run stopped, and the commands it had started with it; run it "
-                          "again to go on (training resumes from its last saved epoch)")
-        sys.exit(130)
+        last_words.append("interrupted: the run stopped, and what it had started with it; run it again to go "
+                          "on (a training resumes from its last saved epoch)")
+        die_of_the_interrupt()
     except Exception as err:
         line = error_line(err) if is_user_error(err) else unreachable_server(err)
         if line is None:

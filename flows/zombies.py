@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"seconds without a heartbeat before a run is marked Crashed (at least "
                              f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals)")
     args = parser.parse_args(argv)
-    automation = run_main(lambda: crash_silent_runs(args.within), args.verbose)
+    automation = run_main(lambda: crash_silent_runs(args.within), args.verbose,
+                          temporary_server=False)  # (it refuses one: one line at once, not a server first)
     print(f"automation {automation}: {NAME} (within {args.within} s)")
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from recsys.layout import PARAMS
 
@@ -109,17 +109,49 @@ def positive_float(text: str) -> float:
     return value
 
 
+_INTERRUPTED: list[bool] = []
+
+
+def end_by_sigint_when_interrupted() -> None:
+    """Register, before any other exit handler (they run last-registered first), the one that ends an
+    interrupted process by SIGINT once the others have run (`die_of_the_interrupt`)."""
+    import atexit
+
+    atexit.register(_end_by_sigint)
+
+
+def _end_by_sigint() -> None:
+    if _INTERRUPTED:
+        import signal
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def die_of_the_interrupt() -> NoReturn:
+    """Called in an `except KeyboardInterrupt:` whose one line is said: exit, and (with
+    `end_by_sigint_when_interrupted`) end by SIGINT after the exit handlers, as a shell loop or `make` expects
+    of an interrupted command — they stop; an exit code of 130 lets them go on to the next one. (Python does
+    this itself for a KeyboardInterrupt left unhandled, but not reliably once a training has run, and with
+    the traceback.) 130 where the signal cannot end the process."""
+    _INTERRUPTED.append(True)
+    sys.exit(130)
+
+
 def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)s: %(message)s") -> None:
     """Run a stage's `main()` (what `dvc repro` calls; the benchmarks' too, in their own log format) with
     logging set up and user errors reported plainly."""
     logging.basicConfig(level=logging.INFO, format=log_format)
+    end_by_sigint_when_interrupted()
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C, or `run_dvc` stopping the stages of an interrupted run: no traceback
         if verbose_requested():
             traceback.print_exc()
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        die_of_the_interrupt()
     except Exception as err:
         if not is_user_error(err):
             raise

@@ -16,9 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from flow_support import (drop_batch, flow_env, make_repo, registry_for, run_flow_process, run_python,
-                          subprocess_env)
+from flow_support import (
+    drop_batch,
+    flow_env,
+    make_repo,
+    registry_for,
+    run_flow_process,
+    run_python,
+    subprocess_env,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -272,11 +278,26 @@ def _session(sid: int):
     return out
 
 
+def _child_running(pid: int, fragment: str):
+    """A process under `pid` whose command line holds `fragment` (dvc's short-lived children come and go)."""
+    import psutil
+
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            if fragment in " ".join(process.cmdline()):
+                return process
+        except psutil.Error:
+            continue
+    return None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the server leaves the run's session on Linux only")
 def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_line(tmp_path):
     """A terminal's Ctrl-C (SIGINT to the whole foreground process group): it used to reach Prefect's
     temporary server too, which died at once, and the interrupted run hung retrying its reports against it
     until killed. The server now runs in a session of its own: the run reports the interruption, stops its
-    `dvc repro` and training, exits with 130 and one line; nothing it started is left running."""
+    `dvc repro` and training, and ends by the SIGINT (a shell's 130) after one line; nothing it started is
+    left running."""
     import psutil
 
     repo = make_repo(tmp_path / "repo")
@@ -290,16 +311,15 @@ def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_lin
         deadline, trainer, server = time.monotonic() + 600, None, None
         while trainer is None and time.monotonic() < deadline and flow.poll() is None:
             time.sleep(0.5)
-            children = psutil.Process(flow.pid).children(recursive=True)
-            trainer = next((p for p in children if "recsys.train" in " ".join(p.cmdline())), None)
-            server = next((p for p in children if "uvicorn" in " ".join(p.cmdline())), server)
+            trainer = _child_running(flow.pid, "recsys.train")
+            server = _child_running(flow.pid, "uvicorn") or server
         assert trainer is not None and server is not None, log.read_text()[-4000:]
         assert os.getsid(server.pid) != flow.pid  # out of the terminal's reach
         time.sleep(3)
         os.killpg(flow.pid, signal.SIGINT)
         code = flow.wait(timeout=120)  # (it hung for minutes before)
         output = log.read_text()
-        assert code == 130, output[-4000:]
+        assert code == -signal.SIGINT, output[-4000:]  # ended by the interrupt: a shell loop stops too
         assert output.rstrip().splitlines()[-1].startswith("interrupted: "), output[-2000:]
         assert "Traceback" not in output and "Unable to connect" not in output, output[-4000:]
         psutil.wait_procs([trainer, server], timeout=30)
@@ -324,7 +344,7 @@ def test_the_temporary_server_dies_with_a_run_killed_outright(tmp_path):
     run = subprocess.Popen([sys.executable, "-c", code], env=flow_env(tmp_path), stdout=subprocess.PIPE,
                            text=True, start_new_session=True)
     try:
-        url = run.stdout.readline().strip()
+        url = run.stdout.readline().strip()  # (pytest's per-test timeout bounds the wait)
         assert url.startswith("http://127.0.0.1:") and url.endswith("/api"), url
         (server,) = [p for p in psutil.Process(run.pid).children() if "uvicorn" in " ".join(p.cmdline())]
         assert os.getsid(server.pid) == server.pid
