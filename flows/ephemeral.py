@@ -64,7 +64,7 @@ def start_in_own_session() -> str | None:
 
     def popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(*args, **kwargs, start_new_session=True,
-                                preexec_fn=bind)  # noqa: PLW1509 (the main thread, before the run starts others)
+                                preexec_fn=bind)  # noqa: PLW1509 (the main thread, no other yet)
 
     # Prefect's server module looks `subprocess.Popen` up when it starts the server: for that call only,
     # it sees a copy of the module whose Popen adds the session (no other thread's Popen is touched).

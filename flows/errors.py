@@ -115,7 +115,7 @@ def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bo
     run's own log and event workers). That server is started here, out of the terminal's process group
     (`flows.ephemeral`; not for `temporary_server=False`, `flows.serve`, which refuses to run on one): a
     Ctrl-C stops the run — and the `dvc repro` it runs — and the run reports it to a server that is still
-    there, then exits with 130 and one line."""
+    there, says so in one line and ends by the SIGINT (`recsys.entry.die_of_the_interrupt`)."""
     import atexit
     import os
     import traceback
