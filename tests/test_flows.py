@@ -300,7 +300,8 @@ def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_lin
     left running."""
     import psutil
 
-    repo = make_repo(tmp_path / "repo")
+    # (params.yaml's sasrec.train.patience would end the training on its own: the interrupt must find it running)
+    repo = make_repo(tmp_path / "repo", {"sasrec": {"train": {"patience": 100000}}})
     cmd = [sys.executable, "-m", "flows.retrain", "--repo-root", str(repo), "--models", "sasrec", "--epochs",
            "100000"]
     log = tmp_path / "retrain.log"

@@ -797,7 +797,8 @@ def test_a_stage_interrupted_mid_training_says_so_in_one_line_and_resumes(tiny_p
 
     from recsys.prepare import save
 
-    params = write_params({"train": {"epochs": 100000, "patience": 100000}})
+    # (params.yaml's sasrec.train.patience would end it on its own: the interrupt must find it training)
+    params = write_params({"train": {"epochs": 100000}, "sasrec": {"train": {"patience": 100000}}})
     save(tiny_prepared, tmp_path / "artifacts" / "prepared")
     stage = subprocess.Popen([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params",
                               str(params), "--root", str(tmp_path)], cwd=tmp_path,
