@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.config import ConfigError, TrainConfig, build_dataclass, load_params  # noqa: E402
-from results_md import claimed, mean_sd, replace_between  # noqa: E402,F401 (bench_stream takes replace_between from here)
+from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between from here)
+    claimed, mean_sd, replace_between, row_key, row_seed)
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
@@ -281,15 +282,6 @@ def _read_curve(path: Path) -> list[dict]:
         return []
     with path.open() as f:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def row_seed(row: dict) -> int:
-    """Rows from before `--seeds` carry their seed only in the train config."""
-    return int(row["seed"] if "seed" in row else row["train"]["seed"])
-
-
-def row_key(row: dict) -> tuple[str, str, int]:
-    return row["dataset"], row["run"], row_seed(row)
 
 
 # Train settings a row may differ in from the stored rows of its run string: a longer budget trains a

@@ -26,7 +26,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from results_md import mean_sd, replace_between  # noqa: E402
+from results_md import mean_sd, replace_between, row_key, row_seed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -217,7 +217,8 @@ def plot(dataset: str, rows: dict[str, list[dict]], out: Path) -> None:
         if not r or not r.get("curve") or r["model"] == "mostpop":
             continue
         curve = r["curve"]
-        ax.plot([p["seconds"] / 60 for p in curve], [p["valid_ndcg@10"] for p in curve], label=f"{run} (seed {seed(r)})")
+        ax.plot([p["seconds"] / 60 for p in curve], [p["valid_ndcg@10"] for p in curve],
+                label=f"{run} (seed {row_seed(r)})")
     if "mostpop" in rows:
         ax.axhline(rows["mostpop"][0]["valid_ndcg@10"], color="grey", linestyle=":", label="mostpop")
     ax.set_xlabel("wall time (minutes)")
@@ -228,10 +229,6 @@ def plot(dataset: str, rows: dict[str, list[dict]], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def seed(row: dict) -> int:
-    return int(row["seed"] if "seed" in row else row["train"]["seed"])
 
 
 def per_user(rows: list[dict]) -> np.ndarray | None:
@@ -361,11 +358,11 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
     """One aims-table line; `clock` names the time field (default: CPU seconds where both sides have them)."""
     if model not in rows or base not in rows:
         return None
-    shared = sorted({seed(r) for r in rows[model]} & {seed(r) for r in rows[base]})
+    shared = sorted({row_seed(r) for r in rows[model]} & {row_seed(r) for r in rows[base]})
     if not shared:
         return None
-    m = [r for r in rows[model] if seed(r) in shared]
-    b = [r for r in rows[base] if seed(r) in shared]
+    m = [r for r in rows[model] if row_seed(r) in shared]
+    b = [r for r in rows[base] if row_seed(r) in shared]
     m_ndcg, b_ndcg = [r["test_ndcg@10"] for r in m], [r["test_ndcg@10"] for r in b]
     ratio = np.mean(m_ndcg) / np.mean(b_ndcg)
     # Process CPU seconds where both runs recorded them (session 7 on): other load on the box inflates wall
@@ -374,16 +371,16 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
         clock = "cpu_seconds_to_best" if all("cpu_seconds_to_best" in r for r in m + b) else "seconds_to_best"
     # Times only from seeds both runs trained alone on their device: a row of several processes sharing one
     # GPU (bench_models.py --shared-device) measured its quality, not its time.
-    alone = [s for s in shared if all(seed(r) != s or not sharing(r) for r in m + b)]
-    m_time = [r[clock] for r in m if seed(r) in alone]
-    b_time = [r[clock] for r in b if seed(r) in alone]
+    alone = [s for s in shared if all(row_seed(r) != s or not sharing(r) for r in m + b)]
+    m_time = [r[clock] for r in m if row_seed(r) in alone]
+    b_time = [r[clock] for r in b if row_seed(r) in alone]
     unit = "CPU s" if clock.startswith("cpu") else "s"
     if alone:
         time_ratio = np.mean(m_time) / max(np.mean(b_time), 1e-9)
         times = f"{mean_sd(m_time, 0)} / {mean_sd(b_time, 0)} {unit}"
         if len(alone) < len(shared):
             times += f" (seeds {', '.join(map(str, alone))}; the others shared the device)"
-        machines = sorted({processor(r) for r in m + b if seed(r) in alone})
+        machines = sorted({processor(r) for r in m + b if row_seed(r) in alone})
         if len(machines) > 1:
             times += f" ({DIFFERENT_MACHINES}: {' / '.join(machines)})"
         time_text = f"{time_ratio:.1f} ×"
@@ -417,8 +414,7 @@ def same_machine_table(rows: list[dict], same: list[dict]) -> str:
     """The claims whose time ratio in the aims table pairs rows of different machines, again with the rows of
     `same` (results/same-machine.json) in place of those of their (dataset, run, seed): each line shown only
     where that puts both sides of the ratio on one machine."""
-    key = lambda r: (r["dataset"], r["run"], seed(r))  # noqa: E731
-    overlaid = list({**{key(r): r for r in rows}, **{key(r): r for r in same}}.values())
+    overlaid = list({**{row_key(r): r for r in rows}, **{row_key(r): r for r in same}}.values())
     lines = [AIMS_HEADER]
     for dataset in sorted({r["dataset"] for r in same}):
         before, after = by_run(rows, dataset), by_run(overlaid, dataset)
@@ -520,9 +516,9 @@ def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
     table = ["", ("| dataset | run | seed | device | test NDCG@10 | test HR@10 | best epoch / run "
                   "| time to best (s) | total (s) | stopped by | test scoring (s) |"),
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(gpu_rows, key=lambda r: (r["dataset"], r["run"], seed(r))):
+    for r in sorted(gpu_rows, key=row_key):
         shared = f", {sharing(r)} processes at once" if sharing(r) else ""
-        table.append(f"| {r['dataset']} | `{r['run']}` | {seed(r)} | {r['machine']}{shared} "
+        table.append(f"| {r['dataset']} | `{r['run']}` | {row_seed(r)} | {r['machine']}{shared} "
                      f"| {r['test_ndcg@10']:.4f} | {r['test_hr@10']:.4f} "
                      f"| {r['best_epoch']} / {r['epochs_run']} | {r['seconds_to_best']:.1f} "
                      f"| {r['seconds_total']:.1f} | {r['stopped_by']} | {r['eval_seconds_all_users']:.3f} |")
@@ -544,10 +540,10 @@ def ablation_table(all_rows: list[dict]) -> str:
             rs = rows[run]
             test = [r["test_ndcg@10"] for r in rs]
             delta = ""
-            shared = {seed(r) for r in rs} & {seed(r) for r in rows.get(base, [])}
+            shared = {row_seed(r) for r in rs} & {row_seed(r) for r in rows.get(base, [])}
             if shared:  # the same seeds on both sides: a seed's luck is not counted as an effect
-                a = np.mean([r["test_ndcg@10"] for r in rs if seed(r) in shared])
-                b = np.mean([r["test_ndcg@10"] for r in rows[base] if seed(r) in shared])
+                a = np.mean([r["test_ndcg@10"] for r in rs if row_seed(r) in shared])
+                b = np.mean([r["test_ndcg@10"] for r in rows[base] if row_seed(r) in shared])
                 delta = f"{a - b:+.4f} (seeds {', '.join(map(str, sorted(shared)))})"
             # what the rows trained, from their own configuration: a run string is read against params.yaml
             # as it was then (SASREC_D64 measured dim 64 and lr 1e-3; it builds dim 128 and lr 2e-3 today)
@@ -555,7 +551,7 @@ def ablation_table(all_rows: list[dict]) -> str:
                                         for r in rs}))
             lines.append(
                 f"| {dataset} | `{run}` | {change}{f' (vs `{base}`)' if base else ''} | {trained} "
-                f"| {', '.join(str(seed(r)) for r in rs)} "
+                f"| {', '.join(str(row_seed(r)) for r in rs)} "
                 f"| {mean_sd(test, 4)} | {mean_sd([r['test_hr@10'] for r in rs], 4)} "
                 f"| {mean_sd([r['valid_ndcg@10'] for r in rs], 4)} | {mean_sd([r['best_epoch'] for r in rs], 0)} "
                 f"| {delta} |"

@@ -20,6 +20,16 @@ def replace_between(text: str, name: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def row_seed(row: dict) -> int:
+    """A result row's seed (rows from before `--seeds` carry it only in the train config)."""
+    return int(row["seed"] if "seed" in row else row["train"]["seed"])
+
+
+def row_key(row: dict) -> tuple[str, str, int]:
+    """A result row's key in a results file: (dataset, run, seed)."""
+    return row["dataset"], row["run"], row_seed(row)
+
+
 def mean_sd(values: list[float], digits: int = 4, one: str = "") -> str:
     """"mean ± sample sd"; a single value alone, followed by `one` (e.g. " (1 seed)" where no column says)."""
     if len(values) == 1:
