@@ -138,6 +138,9 @@ def test_request_errors_are_one_line(tmp_path):
                                    (when, 2, "--at 'yesterday' is not an ISO-8601 time")):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
+        # a command line that does not parse names the command and where its help is, as Click's refusals do
+        assert lines[0].startswith("error: recsys recommend: "), lines[0]
+        assert lines[0].endswith("(see 'recsys recommend --help')"), lines[0]
 
 
 def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tmp_path):

@@ -39,6 +39,8 @@ def test_version_arguments_are_parsed_strictly(tmp_path, command, bad):
     assert result.exit_code == 2
     line = one_line(result)
     assert repr(bad) in line and "not a version number" in line
+    prog = "recsys registry " + command[0]
+    assert line.startswith(f"error: {prog}: ") and line.endswith(f"(see '{prog} --help')"), line
     assert not (tmp_path / "registry").exists()  # refused before the registry was even opened
 
 

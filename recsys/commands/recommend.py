@@ -16,7 +16,14 @@ from typing import Annotated
 
 import typer
 
-from recsys.commands.registry import ParamsOption, describe, expected_errors, fail, open_from_params
+from recsys.commands.registry import (
+    ParamsOption,
+    describe,
+    expected_errors,
+    fail,
+    open_from_params,
+    refuse_usage,
+)
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
 from recsys.recommend import Answer, RecommendError, answer, parse_history, parse_time
@@ -55,14 +62,14 @@ def recommend_command(
     from recsys.checkpoint import CheckpointError
 
     if (user is None) == (history is None):
-        fail("give exactly one of --user ID or --history I1,I2,...", code=2)
+        refuse_usage("recsys recommend", "give exactly one of --user ID or --history I1,I2,...")
     if user is not None and not user.strip():
-        fail("--user is empty: give a raw user id, as in the dataset", code=2)
+        refuse_usage("recsys recommend", "--user is empty: give a raw user id, as in the dataset")
     try:
         at_time = parse_time(at) if at is not None else None
         items = parse_history(history) if history is not None else None
     except RecommendError as err:  # a value of the wrong kind: a command line that does not parse
-        fail(f"{err} (see 'recsys recommend --help')", code=2)
+        refuse_usage("recsys recommend", str(err))
     subject = f"user {user!r}" if user is not None else f"history {history!r}"
     with open_from_params(params, f"cannot recommend for {subject}", read_only=True) as registry:
         root = Path(params).resolve().parent

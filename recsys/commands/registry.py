@@ -13,7 +13,7 @@ from typing import Annotated, Iterator, NoReturn
 import typer
 
 from recsys.config import DEFAULT_PARAMS, ConfigError, load_params
-from recsys.entry import verbose_requested
+from recsys.entry import usage_line, verbose_requested
 from recsys.lineage import describe_init
 
 app = typer.Typer(help="Model registry: versions, the champion, promotion history, rollback.",
@@ -36,12 +36,19 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def parse_version(text: str, what: str = "version") -> int:
-    """A version argument: a positive whole number in range, written plainly — anything else is refused
-    (exit 2, one line naming the input) before the registry is even opened."""
+def refuse_usage(command: str, message: str) -> NoReturn:
+    """A command line that does not parse, refused before anything ran: one line naming the command and its
+    help (as Click's own refusals are), exit 2."""
+    typer.echo(usage_line(command, message), err=True)
+    raise typer.Exit(2)
+
+
+def parse_version(text: str, command: str, what: str = "version") -> int:
+    """A version argument of `command`: a positive whole number in range, written plainly — anything else is
+    refused (exit 2, one line naming the input and the help) before the registry is even opened."""
     if not _VERSION.fullmatch(text) or int(text) > MAX_VERSION:
-        fail(f"{what} {text!r} is not a version number: expected a whole number from 1 to {MAX_VERSION}",
-             code=2)
+        refuse_usage(command, f"{what} {text!r} is not a version number: expected a whole number from 1 to "
+                              f"{MAX_VERSION}")
     return int(text)
 
 
@@ -148,7 +155,7 @@ def list_versions(params: ParamsOption = DEFAULT_PARAMS) -> None:
 def show(version: Annotated[str, typer.Argument(help="Version number.", metavar="VERSION")],
          params: ParamsOption = DEFAULT_PARAMS) -> None:
     """Everything recorded about one version."""
-    number = parse_version(version)
+    number = parse_version(version, "recsys registry show")
     with open_from_params(params, f"cannot show version {number}", read_only=True) as registry:
         v = registry.get_version(number)
         fields = {
@@ -212,7 +219,7 @@ def rollback(
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Move the champion back to the previous champion (or to --to VERSION); recorded as an event."""
-    target = parse_version(to, "--to") if to is not None else None
+    target = parse_version(to, "recsys registry rollback", "--to") if to is not None else None
     doing = f"cannot roll back to version {target}" if target is not None else "cannot roll back"
     # Without a registry file there is nothing to roll back: the refusal must not create one (a writer whose
     # file exists opens it as always: `read_only` only decides what a missing SQLite file becomes).
