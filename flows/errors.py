@@ -41,12 +41,23 @@ def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
     return exc is None or is_transient(exc)
 
 
+# Set by `run_main`: this process ends by printing the flow's error as its last line, so the console needs no
+# copy of Prefect's own report of it (the API keeps that report for the UI).
+_FINAL_LINE_FOLLOWS = False
+_FLOW_FAILED = "Encountered exception during execution"  # prefect.flow_engine's report of a flow's exception
+
+
 class _HideUserErrorTracebacks(logging.Filter):
-    """Keeps Prefect's 'task failed' lines but drops their traceback when the exception is a user error."""
+    """Keeps Prefect's 'task failed' lines but drops their traceback when the exception is a user error; under
+    `run_main`, also Prefect's ERROR report of the flow's own user error, which `run_main` prints last (the
+    'Finished in state Failed(…)' lines stay: they say which run and task failed)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and is_user_error(exc):
+            if _FINAL_LINE_FOLLOWS and record.name == "prefect.flow_runs" and str(record.msg).startswith(
+                    _FLOW_FAILED):
+                return False
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -128,6 +139,8 @@ def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bo
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # the stages dvc runs print their tracebacks too
     else:
+        global _FINAL_LINE_FOLLOWS
+        _FINAL_LINE_FOLLOWS = True
         hide_user_error_tracebacks()
     end_by_sigint_when_interrupted()  # (first: it runs after the last words and the server's stop)
     last_words: list[str] = []

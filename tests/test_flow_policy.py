@@ -65,6 +65,29 @@ def test_console_keeps_the_line_but_drops_the_traceback_of_a_user_error_only():
     assert hider.filter(bug) and bug.exc_info is not None
 
 
+def _flow_report(exc: BaseException) -> logging.LogRecord:
+    record = _record(exc)
+    record.name, record.msg, record.args = "prefect.flow_runs", "Encountered exception during execution: %r", (exc,)
+    return record
+
+
+def test_under_run_main_the_flow_report_of_a_user_error_leaves_the_console_to_the_last_line(monkeypatch):
+    """`run_main` prints a flow's user error as the process's last line, so Prefect's ERROR report of the same
+    exception is not shown on the console too; a bug's report, a task's line and any served or worker
+    process (no `run_main`: that report is the only one there) keep theirs."""
+    import flows.errors
+
+    hider = _HideUserErrorTracebacks()
+    user = StageError("prepare: 5-core filter kept 0 of 9 events")
+    assert hider.filter(_flow_report(user))  # no run_main: the report stays, without its traceback
+    monkeypatch.setattr(flows.errors, "_FINAL_LINE_FOLLOWS", True)
+    assert not hider.filter(_flow_report(user))
+    bug = _flow_report(KeyError("a bug"))
+    assert hider.filter(bug) and bug.exc_info is not None
+    task = _record(user)  # prefect.task_runs
+    assert hider.filter(task) and task.exc_info is None
+
+
 @pytest.mark.parametrize("flow_name", ["ingest", "pipeline"])
 @pytest.mark.parametrize("inbox, message", [
     ("", "inbox is empty: leave it unset"),

@@ -253,6 +253,9 @@ def test_a_deterministic_stage_failure_ends_the_flow_in_one_line_without_a_retry
     # Deterministic: the repro task fails once and is not retried (Prefect logs "Retry n/m" before a retry).
     assert output.count("Task run 'dvc-repro") == 1 and "Retry " not in output, output[-4000:]
     assert output.rstrip().splitlines()[-1].startswith("error: "), output[-2000:]
+    # The line is said once at the end, not also in Prefect's ERROR report of the flow's exception: only the
+    # task's and the flow's "Finished in state Failed(…)" lines carry it besides.
+    assert "Encountered exception" not in output and output.count("1000-core filter kept 0") == 3, output[-4000:]
 
 
 def test_bad_params_end_the_flow_in_one_line(tmp_path):
