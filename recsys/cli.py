@@ -239,6 +239,20 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 _reflow_help(app)
 
 
+def _command_path(args: list[str]) -> str:
+    """The command `args` name (`recsys registry history` for `registry history -n`), for a usage error Click
+    raises without its context (an option given no value): the leading words that are commands."""
+    command, path = typer.main.get_command(app), ["recsys"]
+    for arg in args:
+        if arg.startswith("-"):
+            continue  # a group's own option (`--verbose`)
+        sub = getattr(command, "commands", {}).get(arg)
+        if sub is None:
+            break
+        command, path = sub, [*path, arg]
+    return " ".join(path)
+
+
 def main() -> None:
     _setup_logging()
     try:
@@ -256,7 +270,8 @@ def main() -> None:
             message = err.format_message()
             if message.strip():  # (a group run without a command printed its help: nothing to add)
                 context = getattr(err, "ctx", None)
-                print(usage_line(getattr(context, "command_path", None), message), file=sys.stderr)
+                command = getattr(context, "command_path", None) or _command_path(sys.argv[1:])
+                print(usage_line(command, message), file=sys.stderr)
             sys.exit(exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)

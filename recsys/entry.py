@@ -66,7 +66,10 @@ def usage_line(prog: str | None, message: str) -> str:
     and Click print a usage block first; the help command says the same, on request)."""
     if not prog:
         return f"error: {message}"
-    return f"error: {prog}: {message.strip().rstrip('.')} (see '{prog} --help')"
+    message = message.strip()
+    if message.endswith(".") and not message.endswith(".."):  # a sentence's full stop, not an ellipsis
+        message = message[:-1]
+    return f"error: {prog}: {message} (see '{prog} --help')"
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -184,6 +184,10 @@ def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
     (["train"], "recsys train: Missing option '--model'"),
     (["registry", "history", "--nope"], "recsys registry history: No such option: --nope"),
     (["nosuch"], "recsys: No such command 'nosuch'"),
+    # an option given no value: Click raises it without the command's context
+    (["recommend", "--user"], "recsys recommend: Option '--user' requires an argument"),
+    (["--verbose", "registry", "history", "-n"], "recsys registry history: Option '-n' requires an argument"),
+    (["data", "batch", "2", "--out"], "recsys data batch: Option '--out' requires an argument"),
 ])
 def test_usage_error_is_one_line_naming_the_help(monkeypatch, capsys, args, says):
     """Click's refusal was a four-line block (usage, a hint, a blank line, the error): now the one line."""

@@ -133,7 +133,8 @@ def test_request_errors_are_one_line(tmp_path):
     empty = invoke(recommend_app, "--history", "m1,,m2", "--params", str(params_path))
     nobody = invoke(recommend_app, "--user", "", "--params", str(params_path))
     when = invoke(recommend_app, "--user", "alice", "--at", "yesterday", "--params", str(params_path))
-    for result, code, fragment in ((both, 2, "exactly one of"), (neither, 2, "exactly one of"),
+    for result, code, fragment in ((both, 2, "exactly one of --user ID or --history I1,I2,... (see"),
+                                   (neither, 2, "exactly one of"),
                                    (empty, 2, "'m1,,m2'"), (nobody, 2, "--user is empty"),
                                    (when, 2, "--at 'yesterday' is not an ISO-8601 time")):
         lines = [line for line in result.output.splitlines() if line.strip()]
