@@ -87,7 +87,6 @@ def data_download(
 def column_mapping(columns: list[str]) -> dict[str, str]:
     """`--column canonical=source` options as a mapping; each must name a canonical column, once, and no
     source column may be read as two (`recsys.schema.mapping_problem`, as for `ingest.column_mapping`)."""
-    from recsys.data import DataError
     from recsys.schema import CANONICAL_COLUMNS as known
     from recsys.schema import mapping_problem
 
@@ -95,13 +94,17 @@ def column_mapping(columns: list[str]) -> dict[str, str]:
     for option in columns:
         canonical, _, source = option.partition("=")
         if canonical not in known or not source or canonical in mapping:
-            raise DataError(f"--column {option!r}: use canonical=source once per canonical column, with "
-                            f"canonical one of {', '.join(known)} (e.g. --column user_id=customer)")
+            raise typer.BadParameter(f"{option!r}: use canonical=source once per canonical column, with "
+                                     f"canonical one of {', '.join(known)} (e.g. --column user_id=customer)",
+                                     param_hint="'--column'")
         mapping[canonical] = source
     problem = mapping_problem(mapping)
     if problem:
-        raise DataError(f"--column: {problem}")
+        raise typer.BadParameter(problem, param_hint="'--column'")
     return mapping
+
+
+SOURCES = ("movielens-1m", "movielens-100k", "table")
 
 
 @data_app.command("import")
@@ -118,6 +121,9 @@ def data_import(
     from recsys.data import (DataError, Generated, check_no_batches, check_seed, read_movielens_1m,
                              read_movielens_100k, read_movielens_titles, read_table, write_store)
 
+    if source not in SOURCES:  # a command line that does not parse: before anything is read
+        raise typer.BadParameter(f"{source!r} is not one of {' | '.join(SOURCES)}", param_hint="'SOURCE'")
+    mapping = column_mapping(column) if source == "table" else None
     config = load_params(params).ingest
     check_no_batches(out)  # before reading the dataset (write_store checks again)
 
@@ -126,9 +132,7 @@ def data_import(
     elif source == "movielens-100k":
         frame, titles = read_movielens_100k(path), read_movielens_titles(path)
     elif source == "table":
-        frame, titles = read_table(path, column_mapping(column)), None
-    else:
-        raise DataError(f"unknown source {source!r}: movielens-1m | movielens-100k | table")
+        frame, titles = read_table(path, mapping), None
     import pandas as pd
 
     try:

@@ -13,7 +13,10 @@ from recsys.cli import main
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """Run `recsys <args>` in-process with the console script's semantics (recsys.cli:main)."""
+    from recsys.entry import VERBOSE_ENV
+
     monkeypatch.setattr(sys, "argv", ["recsys", *args])
+    monkeypatch.setenv(VERBOSE_ENV, "")  # `--verbose` sets it for the process: undone after the test
     code = 0
     try:
         main()
@@ -160,10 +163,6 @@ def test_data_import_bad_input(monkeypatch, capsys, tmp_path):
     assert code == 1
     assert_one_line_error(err, "ratings.dat")
     assert not (tmp_path / "data").exists()
-    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "netflix", str(tmp_path),
-                           "--out", str(tmp_path / "data"))
-    assert code == 1
-    assert_one_line_error(err, "netflix")
 
 
 def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
@@ -395,8 +394,19 @@ def test_data_import_refuses_a_column_mapping_it_cannot_follow(monkeypatch, caps
     table.write_text("customer,sku,ts\na,b,1000000000\n")
     code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table),
                            "--out", str(tmp_path / "out"), "--column", option)
-    assert code == 1
-    assert_one_line_error(err, f"--column {option!r}: use canonical=source", "user_id, item_id, timestamp")
+    assert code == 2  # a command line that does not parse
+    assert_one_line_error(err, f"recsys data import: Invalid value for '--column': {option!r}: use canonical=source",
+                          "user_id, item_id, timestamp", "(see 'recsys data import --help')")
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_import_refuses_an_unknown_source_as_a_usage_error(monkeypatch, capsys, tmp_path):
+    """It was exit 1 after reading params.yaml, with no word of the help."""
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "movelens-1m", str(tmp_path), "--out",
+                           str(tmp_path / "out"), "--params", str(tmp_path / "absent.yaml"))
+    assert code == 2
+    assert_one_line_error(err, "recsys data import: Invalid value for 'SOURCE': 'movelens-1m' is not one of "
+                               "movielens-1m | movielens-100k | table (see 'recsys data import --help')")
     assert not (tmp_path / "out").exists()
 
 
@@ -407,9 +417,9 @@ def test_data_import_refuses_one_source_column_read_as_two(monkeypatch, capsys, 
     code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table), "--out",
                            str(tmp_path / "out"), "--column", "user_id=customer",
                            "--column", "item_id=customer")
-    assert code == 1
-    assert_one_line_error(err, "--column: one source column cannot be two canonical ones: "
-                               "{'customer': ['item_id', 'user_id']}")
+    assert code == 2
+    assert_one_line_error(err, "recsys data import: Invalid value for '--column': one source column cannot be "
+                               "two canonical ones: {'customer': ['item_id', 'user_id']}")
     assert not (tmp_path / "out").exists()
 
 
