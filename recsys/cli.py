@@ -41,33 +41,60 @@ def _setup_logging(verbose: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def folder_option(value: str, option: str = "--out") -> Path:
+    """A folder to write into, named on the command line: not empty (Path("") is the current folder, so an
+    empty value wrote the store into whatever folder the command ran in) and not an existing file."""
+    path = Path(value)
+    if not value.strip():
+        raise typer.BadParameter("empty: name a folder", param_hint=f"'{option}'")
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(f"{value} is a file: name a folder", param_hint=f"'{option}'")
+    return path
+
+
+def file_option(value: str, option: str = "--out") -> Path:
+    """A file to write, named on the command line: not empty and not an existing folder."""
+    path = Path(value)
+    if not value.strip():
+        raise typer.BadParameter("empty: name a file", param_hint=f"'{option}'")
+    if path.is_dir():
+        raise typer.BadParameter(f"{value} is a folder: name a file in it", param_hint=f"'{option}'")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise typer.BadParameter(f"its folder {path.parent} is a file", param_hint=f"'{option}'")
+    return path
+
+
 @data_app.command("generate")
 def data_generate(
-    out: Path = typer.Option(Path(DATA), help="raw store directory to write"),
+    out: str = typer.Option(DATA, help="raw store directory to write"),
     params: Path = PARAMS,
 ) -> None:
     """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part; refused
     when the store holds ingested batches."""
     from recsys.data import generate, write_store
 
-    part = write_store(generate(load_params(params).generate), out)
+    store = folder_option(out)
+    part = write_store(generate(load_params(params).generate), store)
     typer.echo(f"wrote {part}")
 
 
 @data_app.command("batch")
 def data_batch(
     index: int = typer.Argument(1, help="batch number (1, 2, …): later batches cover later periods"),
-    out: Optional[Path] = typer.Option(None, help="file to write (default: inbox/generated-<index>.csv)"),
+    out: Optional[str] = typer.Option(None, help="file to write (default: inbox/generated-<index>.csv)"),
     params: Path = PARAMS,
 ) -> None:
     """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
+    from recsys.atomic import write_text_atomic
     from recsys.data import generate_batch
 
+    chosen = file_option(out) if out is not None else None
     loaded = load_params(params)
-    target = out or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
+    target = chosen or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
     frame = generate_batch(loaded.generate, index)  # refuses a bad index before anything is created
     target.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(target, index=False, lineterminator="\n")
+    # whole or absent: an ingest that finds the file in the inbox never reads half a batch
+    write_text_atomic(target, frame.to_csv(index=False, lineterminator="\n"), target.parent)
     typer.echo(f"wrote {len(frame)} interactions to {target}")
 
 
@@ -111,7 +138,7 @@ SOURCES = ("movielens-1m", "movielens-100k", "table")
 def data_import(
     source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
     path: Path = typer.Argument(..., help="dataset folder or file"),
-    out: Path = typer.Option(Path(DATA), help="raw store directory to (re)write"),
+    out: str = typer.Option(DATA, help="raw store directory to (re)write"),
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
     params: Path = PARAMS,
 ) -> None:
@@ -124,14 +151,15 @@ def data_import(
     if source not in SOURCES:  # a command line that does not parse: before anything is read
         raise typer.BadParameter(f"{source!r} is not one of {' | '.join(SOURCES)}", param_hint="'SOURCE'")
     mapping = column_mapping(column) if source == "table" else None
+    store = folder_option(out)
     config = load_params(params).ingest
-    check_no_batches(out)  # before reading the dataset (write_store checks again)
+    check_no_batches(store)  # before reading the dataset (write_store checks again)
 
     if source == "movielens-1m":
         frame, titles = read_movielens_1m(path), read_movielens_titles(path)
     elif source == "movielens-100k":
         frame, titles = read_movielens_100k(path), read_movielens_titles(path)
-    elif source == "table":
+    else:
         frame, titles = read_table(path, mapping), None
     import pandas as pd
 
@@ -140,7 +168,7 @@ def data_import(
     except DataError as err:
         raise DataError(f"{path}: {err}") from err
     no_titles = pd.DataFrame(columns=["item_id", "title"])
-    part = write_store(Generated(frame, titles if titles is not None else no_titles), out)
+    part = write_store(Generated(frame, titles if titles is not None else no_titles), store)
     dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""
     typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; run `dvc add data` to version them")
 

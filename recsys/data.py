@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys import schema
+from recsys.atomic import write_text_atomic
 from recsys.config import GenerateConfig, IngestConfig
 from recsys.ingest import IngestError
 from recsys.ingest.canonical import CANONICAL, to_canonical
@@ -285,8 +286,12 @@ def write_table(frame: pd.DataFrame, path: Path) -> None:
     table = table.replace_schema_metadata(None)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=False)
-    tmp.replace(path)
+    try:
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=False)
+        tmp.replace(path)
+    except BaseException:  # a full disk, an interrupt: no half-written part left beside the store's
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def check_no_batches(store: str | Path) -> None:
@@ -307,7 +312,7 @@ def write_store(generated: Generated, store: str | Path) -> Path:
     check_no_batches(store)
     part = store / "interactions" / SEED_PART
     write_table(generated.interactions, part)
-    generated.items.to_csv(store / "items.csv", index=False, lineterminator="\n")
+    write_text_atomic(store / "items.csv", generated.items.to_csv(index=False, lineterminator="\n"), store)
     return part
 
 

@@ -378,6 +378,41 @@ def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_
     assert code == 0 and (tmp_path / "inbox" / "generated-0356.csv").is_file(), out
 
 
+@pytest.mark.parametrize("command, out, says", [
+    (["data", "generate"], "", "empty: name a folder"),
+    (["data", "generate"], "a-file", "a-file is a file: name a folder"),
+    (["data", "import", "table", "t.csv"], "", "empty: name a folder"),
+    (["data", "batch", "2"], "", "empty: name a file"),
+    (["data", "batch", "2"], "inbox", "inbox is a folder: name a file in it"),
+    (["data", "batch", "2"], "a-file/b.csv", "its folder a-file is a file"),
+])
+def test_a_bad_out_is_refused_before_anything_is_written(monkeypatch, capsys, tmp_path, write_params,
+                                                        command, out, says):
+    """`--out ""` was the current folder (a store written into the repository root); a file or a folder where
+    the other is wanted was a traceback."""
+    params = write_params({})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "t.csv").write_text("user_id,item_id,timestamp\na,b,1000000000\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code, _, err = run_cli(monkeypatch, capsys, *command, "--out", out, "--params", str(params))
+    assert code == 2
+    prog = "recsys " + " ".join(command[:2])
+    assert_one_line_error(err, f"{prog}: Invalid value for '--out': {says} (see '{prog} --help')")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_data_batch_writes_its_file_whole(monkeypatch, capsys, tmp_path, write_params):
+    params = write_params({})
+    target = tmp_path / "new" / "b.csv"
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "2", "--out", str(target), "--params",
+                           str(params))
+    assert code == 0 and out.startswith("wrote ") and str(target) in out
+    assert sorted(p.name for p in target.parent.iterdir()) == ["b.csv"]  # no temp file beside it
+    assert target.read_text().startswith("user_id,item_id,timestamp")
+
+
 def test_warm_refuses_a_model_params_yaml_does_not_list_and_writes_nothing(monkeypatch, capsys, tmp_path,
                                                                           write_params):
     params = write_params({})
