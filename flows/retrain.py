@@ -29,7 +29,7 @@ from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, load_params
 from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
-from recsys.layout import Layout, prune_resume_state
+from recsys.layout import Layout, prune_resume_state, workspace_root
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
                                training_progress)
@@ -162,8 +162,8 @@ def retrain(
     """
     quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
+    root = workspace_root(repo_root)
     logger = get_run_logger()
-    root = Path(repo_root).resolve()
     paths = Layout(root)
     if restore_left_override(paths.params):  # before anything reads params.yaml or asks DVC what is stale
         logger.warning("params.yaml: put back the original that an interrupted --epochs run left rewritten")

@@ -178,9 +178,10 @@ def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> N
     """Make sure the raw store exists (`dvc pull` it, or generate the default dataset and version it) and
     write each model's warm source (as `recsys warm`): what `dvc repro` needs before it can run."""
     from recsys.bootstrap import ensure_raw_store
-    from recsys.layout import Layout
+    from recsys.layout import Layout, workspace_root
     from recsys.warm_source import resolve_warm_sources
 
+    root = workspace_root(root, "--root")  # before the lock: nothing is created in a wrong folder
     typer.echo(ensure_raw_store(root))
     for line in resolve_warm_sources(root, load_params(Layout(root).params)):
         typer.echo(f"warm source {line}")

@@ -106,3 +106,34 @@ def test_a_given_inbox_must_be_a_folder_and_is_checked_before_anything_runs(
     with pytest.raises(ConfigError, match=message):
         flow.fn(inbox=inbox, repo_root=str(repo))
     assert sorted(p.name for p in repo.iterdir()) == ["params.yaml"]  # nothing bootstrapped or locked
+
+
+@pytest.mark.parametrize("where, message", [
+    ("README.md", "--repo-root {root}/README.md: not a folder"),
+    ("nowhere", "--repo-root {root}/nowhere: no such folder"),
+    ("sub", "--repo-root {root}/sub: {root}/sub holds no params.yaml"),
+])
+def test_retrain_refuses_a_repo_root_that_is_not_a_repository_before_anything_runs(tmp_path, where, message):
+    """A file as --repo-root was a NotADirectoryError traceback; a subfolder, a missing params.yaml."""
+    from flows.retrain import retrain
+
+    (tmp_path / "README.md").write_text("x")
+    (tmp_path / "sub").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as refused:
+        retrain.fn(repo_root=str(tmp_path / where))
+    assert str(refused.value).startswith(message.format(root=tmp_path.resolve()))
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("where", ["README.md", "nowhere", "sub"])
+def test_bootstrap_refuses_a_root_that_is_not_a_repository_and_creates_nothing(tmp_path, where):
+    """It took the workspace lock first: a missing params.yaml left `.ingest/lock` in the wrong folder."""
+    (tmp_path / "README.md").write_text("x")
+    (tmp_path / "sub").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "bootstrap", "--root", str(tmp_path / where)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr.startswith(f"error: --root {tmp_path / where}: ") and done.stderr.count("\n") == 1
+    assert sorted(tmp_path.rglob("*")) == before
