@@ -33,11 +33,18 @@ def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="debug 
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # also reaches the stages `dvc` runs for us
         logging.getLogger().setLevel(logging.DEBUG)
+        for name in SAID_BY_THE_COMMAND:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+# The registry's audit records of what a registry command then prints itself (registered, gated, rolled back):
+# a flow's log keeps them; on this console each would be said twice.
+SAID_BY_THE_COMMAND = ("recsys.registry.core", "recsys.registry.rollback")
 
 
 def _setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("alembic", "great_expectations", "httpx"):
+    for noisy in ("alembic", "great_expectations", "httpx", *SAID_BY_THE_COMMAND):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

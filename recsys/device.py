@@ -78,8 +78,8 @@ def retain_cpu_memory(mode: str, device: torch.device) -> bool:
         log.debug("train.cpu_allocator: mallopt refused the settings; the C library's defaults stay")
         return False
     _retained = True
-    log.info("train.cpu_allocator=retain: freed CPU memory (up to %d MiB) stays in the process for the next "
-             "step or scoring batch (set it to system for the C library's defaults)", RETAINED_BYTES >> 20)
+    log.debug("train.cpu_allocator=retain: freed CPU memory (up to %d MiB) stays in the process for the next "
+              "step or scoring batch (set it to system for the C library's defaults)", RETAINED_BYTES >> 20)
     return True
 
 

@@ -46,7 +46,7 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
         current = data_version(root)
         for m in names:
             line = _resolve(root, params, m, trainable[m], champion, current)
-            log.info("warm source %s", line)
+            log.debug("warm source %s", line)  # (every caller prints the lines it returns)
             lines.append(line)
     return lines
 

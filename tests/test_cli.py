@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from recsys.cli import main
 
@@ -467,3 +468,15 @@ def test_the_demo_script_takes_no_arguments(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: bash scripts/demo.sh"), done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_warm_says_each_line_once(tmp_path, write_params):
+    """Each warm source line came twice: the command's own, and the same as an `INFO recsys.warm_source:`
+    log record (so did the registry's records of what promote and rollback print)."""
+    params = write_params({})
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "warm", "--params", str(params)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "warm source" in line]
+    assert said and all(line.startswith("warm source ") for line in said), said
+    assert len(said) == len(set(said)) == len(yaml.safe_load(params.read_text())["models"]), said
