@@ -198,7 +198,8 @@ def retrain(
         decision = promote_candidate(str(root), candidate)
         verdict = (decision["decision"] if decision["promoted"] or decision["decision"] != "promoted"
                    else "not champion")
-        logger.info("gate: %s %s — %s", candidate, verdict, decision["reason"])
+        replayed = " (already decided earlier; nothing changed)" if decision["replayed"] else ""  # as the CLI
+        logger.info("gate: %s %s%s — %s", candidate, verdict, replayed, decision["reason"])
     if ran or (decision is not None and not decision["replayed"]):
         publish_retrain(results, decision, {m: read_curve(paths.curve(m)) for m in selected}, ran)
     elif decision is not None:  # nothing changed: the last change's table and curves still hold

@@ -91,6 +91,7 @@ def test_a_run_with_nothing_new_skips_ingest_and_loads_no_torch(pipeline_run, tm
     assert "nothing to ingest" in output and "for flow 'ingest'" not in output, output[-4000:]
     assert "Task run 'ingest-inbox" not in output, output[-4000:]
     assert "Task run 'warm-sources" in output and "Task run 'promote" in output, output[-4000:]
+    assert "gate: sasrec promoted (already decided earlier; nothing changed) — " in output, output[-4000:]
     assert not {"torch", "recsys.models", "recsys.ingest.run", "great_expectations", "matplotlib",
                 "scipy.stats", "pandas"} & loaded
 
