@@ -53,12 +53,16 @@ def _promote_two(params_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 
 def check_largest_version(params_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    empty = invoke(registry_app, "show", "1", "--params", str(params_path))
+    assert one_line(empty).endswith("does not exist (the registry holds no versions yet)")
     _promote_two(params_path, tmp_path)
     largest = str(MAX_VERSION)
+    held = "(the registry holds versions 1–2; `recsys registry list` shows them)"
     shown = invoke(registry_app, "show", largest, "--params", str(params_path))
-    assert shown.exit_code == 1 and f"version {largest} of model 'next_item' does not exist" in one_line(shown)
+    assert shown.exit_code == 1
+    assert one_line(shown) == f"error: version {largest} of model 'next_item' does not exist {held}"
     rolled = invoke(registry_app, "rollback", "--to", largest, "--params", str(params_path))
-    assert rolled.exit_code == 1 and f"version {largest} does not exist" in one_line(rolled)
+    assert rolled.exit_code == 1 and one_line(rolled).endswith(f"version {largest} does not exist {held}")
     assert invoke(registry_app, "show", "2", "--params", str(params_path)).exit_code == 0
     assert invoke(registry_app, "rollback", "--to", "1", "--params", str(params_path)).exit_code == 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -35,6 +35,14 @@ from recsys.registry.store import ArtifactStore
 # model_versions.version is an INTEGER column (32-bit on PostgreSQL): a larger number cannot name a version,
 # and binding it would be a database error rather than "not found".
 MAX_STORED_VERSION = 2**31 - 1
+
+
+def held(latest: int | None) -> str:
+    """What a registry holds, for a version that is not there."""
+    if latest is None:
+        return "the registry holds no versions yet"
+    return (f"the registry holds version{'s 1–' if latest > 1 else ' '}{latest}; `recsys registry list` shows "
+            "them")
 
 
 class RegistryReads:
@@ -118,16 +126,19 @@ class RegistryReads:
             return [version_info(v, champion) for v in rows]
 
     def get_version(self, version: int) -> VersionInfo:
-        if not 1 <= version <= MAX_STORED_VERSION:
-            raise NotFoundError(f"version {version} of model {self.model_name!r} does not exist")
         with read_session(self.engine) as session:
             row = session.scalars(
                 select(ModelVersion)
                 .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
                 .where(RegisteredModel.name == self.model_name, ModelVersion.version == version)
-            ).one_or_none()
+            ).one_or_none() if 1 <= version <= MAX_STORED_VERSION else None
             if row is None:
-                raise NotFoundError(f"version {version} of model {self.model_name!r} does not exist")
+                latest = session.scalar(
+                    select(func.max(ModelVersion.version))
+                    .join(RegisteredModel, RegisteredModel.id == ModelVersion.model_id)
+                    .where(RegisteredModel.name == self.model_name))
+                raise NotFoundError(f"version {version} of model {self.model_name!r} does not exist "
+                                    f"({held(latest)})")
             return version_info(row, self._champion_in(session))
 
     def history(self, limit: int | None = None) -> list[EventInfo]:

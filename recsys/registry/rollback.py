@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from recsys.registry.db import ModelVersion, PromotionEvent, locked_session, move_champion
-from recsys.registry.reads import MAX_STORED_VERSION, RegistryReads
+from recsys.registry.reads import MAX_STORED_VERSION, RegistryReads, held
 from recsys.registry.records import EventInfo, RollbackError, event_info, finite_or_none
 
 log = logging.getLogger(__name__)
@@ -33,16 +33,16 @@ def rollback(registry: RegistryReads, to_version: int | None = None) -> EventInf
                 )
             target = session.get(ModelVersion, stack[-1])
             assert target is not None
-        elif not 1 <= to_version <= MAX_STORED_VERSION:
-            raise RollbackError(f"version {to_version} does not exist")
         else:
             target = session.scalars(
                 select(ModelVersion).where(
                     ModelVersion.model_id == model.id, ModelVersion.version == to_version
                 )
-            ).one_or_none()
+            ).one_or_none() if 1 <= to_version <= MAX_STORED_VERSION else None
             if target is None:
-                raise RollbackError(f"version {to_version} does not exist")
+                latest = session.scalar(select(func.max(ModelVersion.version))
+                                        .where(ModelVersion.model_id == model.id))
+                raise RollbackError(f"version {to_version} does not exist ({held(latest)})")
         if target.id == current.version_id:
             raise RollbackError(f"v{target.version} is already the champion")
         if target.status != "promoted":
