@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     name, params, root = model_stage_args("recsys.evaluate", "evaluate stage: score the test split once",
                                           argv)
     paths = Layout(root)
+    if not (paths.model_dir(name) / "model.json").is_file():  # before anything is loaded or allocated
+        from recsys.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{paths.model_dir(name)} holds no trained {name}: run `dvc repro train@{name}` "
+                              f"(or `recsys train --model {name}`) first")
     train_config = params.train_config(name)  # where the model trains is where its test pass runs
     device = resolve_device(train_config.device)
     # The test pass's scoring batches free and allocate the same large blocks as validation does in training:

@@ -55,6 +55,17 @@ def test_an_unknown_model_is_named_with_the_known_ones(monkeypatch, capsys, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+def test_evaluate_before_training_says_what_trains_it(monkeypatch, capsys, tmp_path, write_params):
+    """It said 'artifacts/models/sasrec is not a checkpoint: artifacts/models/sasrec/model.json missing'."""
+    params = write_params({})
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "evaluate", "--model", "sasrec", "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "artifacts/models/sasrec holds no trained sasrec: run `dvc repro train@sasrec` "
+                               "(or `recsys train --model sasrec`) first")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
 def test_bad_params_file(monkeypatch, capsys, tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("train:\n  epochz: 3\n")
