@@ -29,6 +29,13 @@ FLOW_PARAMS = {
 }
 
 
+def sigint_as_in_a_terminal() -> None:
+    """`preexec_fn` for a process a test interrupts: Ctrl-C's default disposition, as a terminal gives it.
+    A suite started in the background (`cmd &`, nohup, some CI runners) hands its processes SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler: the interrupt would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def merge_params(base: dict, override: dict) -> dict:
     """`base` with `override` merged in: nested mappings merge, anything else replaces. `base` is not changed."""
     out = copy.deepcopy(base)

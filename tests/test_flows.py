@@ -23,6 +23,7 @@ from flow_support import (
     registry_for,
     run_flow_process,
     run_python,
+    sigint_as_in_a_terminal,
     subprocess_env,
 )
 
@@ -311,7 +312,8 @@ def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_lin
     log = tmp_path / "retrain.log"
     with log.open("w") as out:
         flow = subprocess.Popen(cmd, cwd=repo, env=flow_env(tmp_path), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # (a terminal's foreground group, in miniature)
+                                start_new_session=True,  # (a terminal's foreground group, in miniature)
+                                preexec_fn=sigint_as_in_a_terminal)
     try:
         deadline, trainer, server = time.monotonic() + 600, None, None
         while trainer is None and time.monotonic() < deadline and flow.poll() is None:
