@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from flows.errors import add_verbose_flag, run_main
 from recsys.config import ConfigError
-from recsys.entry import ArgumentParser
+from recsys.entry import ArgumentParser, positive_int
 
 NAME = "recsys: crash fan-out runs whose heartbeats stopped"
 TAG = "fan-out"  # flows/fanout.py tags every run it hands out
@@ -77,7 +77,7 @@ def crash_silent_runs(within_seconds: int = 90) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(ArgumentParser("flows.zombies", description=__doc__,
                                               formatter_class=argparse.RawDescriptionHelpFormatter))
-    parser.add_argument("--within", type=int, default=90,
+    parser.add_argument("--within", type=positive_int, default=90,
                         help=f"seconds without a heartbeat before a run is marked Crashed (at least "
                              f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals)")
     args = parser.parse_args(argv)

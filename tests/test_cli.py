@@ -232,6 +232,18 @@ def test_every_python_m_entry_point_refuses_in_one_line_naming_itself(capsys, mo
                                f"(see 'python -m {module} --help')")
 
 
+@pytest.mark.parametrize("within", ["-5", "0", "1.5", "soon"])
+def test_zombies_within_must_be_a_whole_number_of_seconds(capsys, within):
+    """`--within -5` passed argparse and was refused later, exit 1, without the help."""
+    from flows.zombies import main as zombies
+
+    with pytest.raises(SystemExit) as done:
+        zombies(["--within", within])
+    assert done.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, "python -m flows.zombies: argument --within: expected a whole "
+                          f"number of at least 1, got {within!r} (see 'python -m flows.zombies --help')")
+
+
 def test_prepare_on_an_empty_store(monkeypatch, capsys, tmp_path, write_params):
     """`prepare` over an empty store: PrepareError (a user error), one line, nothing written."""
     params = write_params()
