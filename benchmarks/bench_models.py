@@ -44,7 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recsys.config import ConfigError, TrainConfig, build_dataclass, load_params  # noqa: E402
+from recsys.config import SEED_MAX, ConfigError, TrainConfig, build_dataclass, load_params  # noqa: E402
 from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between from here)
     claimed, mean_sd, replace_between, row_key, row_seed)
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
@@ -166,8 +166,12 @@ def trainable_run(run: str, params):
 def run_configs(run: str, params, max_minutes: float, device: str, seed_offset: int):
     """`configs_for` with the benchmark's own train settings: the configuration a run of this process trains."""
     name, model_config, train_config = configs_for(run, params)
+    seed = train_config.seed + seed_offset
+    if not 0 <= seed <= SEED_MAX:  # said here: TrainConfig's own check would name train.seed, not the offset
+        raise ConfigError(f"run {run!r} with --seed-offset {seed_offset} would train with seed {seed} (its "
+                          f"seed setting plus the offset); a seed is a whole number from 0 to {SEED_MAX}")
     train_config = dataclasses.replace(train_config, max_minutes=max_minutes, device=device, progress="off",
-                                       seed=train_config.seed + seed_offset)
+                                       seed=seed)
     return name, model_config, train_config
 
 
@@ -440,10 +444,7 @@ def main() -> None:
     params = load_params(args.params)
     offsets = range(args.seed_offset, args.seed_offset + args.seeds)
     for run, offset in ((run, offset) for run in args.runs for offset in offsets):
-        seed = run_configs(run, params, args.max_minutes, args.device, offset)[2].seed
-        if seed < 0:
-            raise ConfigError(f"run {run!r} with --seed-offset {offset} would train with seed {seed} "
-                              "(its seed setting plus the offset); a seed is a whole number >= 0")
+        run_configs(run, params, args.max_minutes, args.device, offset)  # each seed in range, before any data
     check_mergeable(args.runs, offsets, args.dataset, params, args.max_minutes, args.device, Path(args.results))
     resolve_device(args.device)  # `cuda` where torch sees none: refused here, not after preparing the data
     commit = git_commit()  # the code this process loaded, not whatever HEAD is when a long run ends

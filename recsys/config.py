@@ -18,16 +18,22 @@ import yaml
 
 from recsys.layout import PARAMS
 # no torch: parsing params must not load it
-from recsys.model_configs import MODEL_CONFIGS, RETIRED_KEYS, retired_value
+from recsys.model_configs import (MODEL_CONFIGS, RETIRED_KEYS, SettingError, check_sizes, require,
+                                  retired_value)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PARAMS = Path(PARAMS)  # relative: entry points run from the repository root, as DVC does
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+SEED_MAX = 2**32 - 1  # the largest seed numpy's global generator takes (the trainer seeds it)
 
 
 class ConfigError(ValueError):
     """params.yaml (or an override) is invalid; the message says which key and why."""
+
+
+def check_seed(seed: int, section: str) -> None:
+    require(0 <= seed <= SEED_MAX, "seed", seed, f"in [0, {SEED_MAX}] (2**32 - 1)", section)
 
 
 @dataclass(frozen=True)
@@ -149,38 +155,27 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("epochs", "patience"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1 (whole epochs), got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1 (whole epochs)", "train")
         for name in ("lr", "max_minutes", "grad_clip", "weight_decay"):
-            if not (0.0 <= getattr(self, name) < math.inf):
-                zero = {"lr": "the weights stay as initialised", "max_minutes": "no time limit",
-                        "grad_clip": "no clipping", "weight_decay": "none"}[name]
-                raise ValueError(f"train.{name} must be >= 0 (0 = {zero}), got {getattr(self, name)}")
-        if not 0.0 < self.lr_decay <= 1.0:
-            raise ValueError(f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
-        if not 0.0 <= self.lr_final <= 1.0:
-            raise ValueError(f"train.lr_final must be in [0, 1] (the share of train.lr that lr_schedule decays "
-                             f"to by the end of the last epoch), got {self.lr_final}")
-        if self.lr_decay_patience < 1:
-            raise ValueError(f"train.lr_decay_patience must be >= 1, got {self.lr_decay_patience}")
+            zero = {"lr": "the weights stay as initialised", "max_minutes": "no time limit",
+                    "grad_clip": "no clipping", "weight_decay": "none"}[name]
+            value = getattr(self, name)
+            require(0.0 <= value < math.inf, name, value, f"a finite number >= 0 (0 = {zero})", "train")
+        require(0.0 < self.lr_decay <= 1.0, "lr_decay", self.lr_decay, "in (0, 1]", "train")
+        require(0.0 <= self.lr_final <= 1.0, "lr_final", self.lr_final, "in [0, 1] (the share of train.lr "
+                "that lr_schedule decays to by the end of the last epoch)", "train")
+        check_sizes(self, "lr_decay_patience", "batch_size", "lr_reference_batch", section="train")
         for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        if self.warm_cold_every < 0:
-            raise ValueError(f"train.warm_cold_every must be >= 0 (0 = never forced cold), got "
-                             f"{self.warm_cold_every}")
-        if not self.warm_max_catalogue_growth >= 0.0:
-            raise ValueError(f"train.warm_max_catalogue_growth must be >= 0, got "
-                             f"{self.warm_max_catalogue_growth}")
-        if not 0.0 < self.warm_keep <= 1.0:
-            raise ValueError(f"train.warm_keep must be in (0, 1] (1 = the champion's weights as they are; a "
-                             f"smaller share blends in a fresh initialisation), got {self.warm_keep}")
-        if not 0.0 <= self.ema < 1.0:
-            raise ValueError(f"train.ema must be in [0, 1) (0 = off; the decay of the weights' moving average "
-                             f"per optimiser step), got {self.ema}")
-        if self.batch_size < 1 or self.lr_reference_batch < 1:
-            raise ValueError(f"train.batch_size and train.lr_reference_batch must be >= 1, got "
-                             f"{self.batch_size} and {self.lr_reference_batch}")
+            require(getattr(self, name) >= 0, name, getattr(self, name), ">= 0", "train")
+        require(self.warm_cold_every >= 0, "warm_cold_every", self.warm_cold_every,
+                ">= 0 (0 = never forced cold)", "train")
+        growth = self.warm_max_catalogue_growth
+        require(growth >= 0.0, "warm_max_catalogue_growth", growth, ">= 0", "train")
+        require(0.0 < self.warm_keep <= 1.0, "warm_keep", self.warm_keep, "in (0, 1] (1 = the champion's "
+                "weights as they are; a smaller share blends in a fresh initialisation)", "train")
+        require(0.0 <= self.ema < 1.0, "ema", self.ema, "in [0, 1) (0 = off; the decay of the weights' "
+                "moving average per optimiser step)", "train")
+        check_seed(self.seed, "train")
 
 
 @dataclass(frozen=True)
@@ -334,6 +329,8 @@ def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None =
     values = {k: _coerce(section, k, hints[k], v) for k, v in raw.items()}
     try:
         return cls(**values)
+    except SettingError as err:  # named where it was written: `sasrec.train.lr`, not `train.lr`
+        raise ConfigError(f"{section}.{err.key} {err.problem}") from err
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{section}: {err}") from err
 

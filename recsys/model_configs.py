@@ -8,8 +8,9 @@ it. The networks stay one file per model in `recsys/models/` and take their conf
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # A transformer block's residual arrangement (recsys/models/blocks.py): "reference" is the SASRec reference
 # code's (the residual adds the layer-normalised input), "pre_ln" is x + f(LN(x)).
@@ -19,6 +20,40 @@ RESIDUALS = ("reference", "pre_ln")
 def check_residual(residual: str) -> None:
     if residual not in RESIDUALS:
         raise ValueError(f"residual must be {' or '.join(map(repr, RESIDUALS))}, got {residual!r}")
+
+
+class SettingError(ValueError):
+    """A setting out of its valid range, raised by a config's own checks. `key` is relative to the config
+    (`dropout`, `lr`) so that parsing names the whole dotted key where the setting was written
+    (`sasrec.dropout`, `sasrec.train.lr`; recsys.config.build_dataclass); `section` prefixes it when the
+    config is built directly."""
+
+    def __init__(self, key: str, problem: str, section: str = "") -> None:
+        super().__init__(f"{section}.{key} {problem}" if section else f"{key} {problem}")
+        self.key, self.problem = key, problem
+
+
+def require(ok: bool, key: str, value: Any, valid: str, section: str = "") -> None:
+    """Refuse `value` of `key` unless `ok`: '<key> must be <valid>, got <value>'. Write `ok` as a comparison
+    that NaN fails (`0.0 <= x < 1.0`, not `not x >= 1.0`)."""
+    if not ok:
+        raise SettingError(key, f"must be {valid}, got {value!r}", section)
+
+
+def check_sizes(config: Any, *keys: str, section: str = "") -> None:
+    """Every one of `keys` a whole number >= 1 (a width, a count, a length)."""
+    for key in keys:
+        value = getattr(config, key)
+        require(value >= 1, key, value, ">= 1", section)
+
+
+def check_transformer(config: Any, streams: int = 1) -> None:
+    """The fields every transformer model shares (`dim`, `n_layers`, `n_heads`, `dropout`, `max_len`); the
+    attention splits `streams` × dim (MOJITO's items and contexts: 2) into `n_heads` heads."""
+    check_sizes(config, "dim", "n_layers", "n_heads", "max_len")
+    width, name = streams * config.dim, "dim" if streams == 1 else f"{streams}*dim"
+    require(width % config.n_heads == 0, "n_heads", config.n_heads, f"a divisor of {name} ({width})")
+    require(0.0 <= config.dropout < 1.0, "dropout", config.dropout, "in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -43,11 +78,10 @@ class SASRecConfig:
     item_dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim={self.dim} must be divisible by n_heads={self.n_heads}")
+        check_transformer(self)
+        check_sizes(self, "n_negatives")
         check_residual(self.residual)
-        if not 0.0 <= self.item_dropout < 1.0:
-            raise ValueError(f"item_dropout must be in [0, 1), got {self.item_dropout}")
+        require(0.0 <= self.item_dropout < 1.0, "item_dropout", self.item_dropout, "in [0, 1)")
         if self.weight_init not in ("normal", "xavier"):
             raise ValueError(f"weight_init must be 'normal' or 'xavier', got {self.weight_init!r}")
 
@@ -76,13 +110,13 @@ class BERT4RecConfig:
     masking: Literal["bernoulli", "exact"] = "bernoulli"
 
     def __post_init__(self) -> None:
+        check_transformer(self)
+        check_sizes(self, "ffn_dim", "n_negatives")
         check_residual(self.residual)
         if self.masking not in ("bernoulli", "exact"):
             raise ValueError(f"masking must be 'bernoulli' or 'exact', got {self.masking!r}")
-        if not 0.0 < self.mask_prob <= 1.0:
-            raise ValueError(f"mask_prob must be in (0, 1], got {self.mask_prob}")
-        if not 0.0 <= self.last_item_share <= 1.0:
-            raise ValueError(f"last_item_share must be in [0, 1], got {self.last_item_share}")
+        require(0.0 < self.mask_prob <= 1.0, "mask_prob", self.mask_prob, "in (0, 1]")
+        require(0.0 <= self.last_item_share <= 1.0, "last_item_share", self.last_item_share, "in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -107,11 +141,15 @@ class MojitoConfig:
     residual: Literal["pre_ln", "reference"] = "pre_ln"
 
     def __post_init__(self) -> None:
-        if self.n_heads < 1 or (2 * self.dim) % self.n_heads:
-            raise ValueError(f"2*dim={2 * self.dim} must be divisible by n_heads={self.n_heads}")
+        check_transformer(self, streams=2)
+        check_sizes(self, "time_dim", "time_expand", "fism_items")
         check_residual(self.residual)
-        if self.fism_items < 1:
-            raise ValueError(f"fism_items must be >= 1, got {self.fism_items}")
+        require(math.isfinite(self.time_linspace), "time_linspace", self.time_linspace, "a finite number")
+        # σ is a standard deviation and λ a weight (0 turns the long-term part off): neither has a sign
+        for key in ("noise_init", "long_weight"):
+            value = getattr(self, key)
+            require(0.0 <= value < math.inf, key, value, "a finite number >= 0")
+        require(0.0 <= self.fism_attention <= 1.0, "fism_attention", self.fism_attention, "in [0, 1]")
 
 
 MODEL_CONFIGS: dict[str, type] = {

@@ -622,7 +622,7 @@ _REFUSALS = [
     ([*_MODELS, "--runs", "sasrec@dim=abc"], "run 'sasrec@dim=abc': sasrec.dim: expected an integer, got"),
     ([*_MODELS, "--runs", "sasrec@bogus=1"], "error: run 'sasrec@bogus=1': 'bogus' is neither a sasrec nor"),
     ([*_MODELS, "--runs", "sasrec:nosuchloss"], "sasrec.loss: 'nosuchloss' is not one of ['ce', 'bce',"),
-    ([*_MODELS, "--runs", "sasrec@dim=31"], "error: run 'sasrec@dim=31': sasrec: dim=31 must be divisible"),
+    ([*_MODELS, "--runs", "sasrec@dim=31"], "error: run 'sasrec@dim=31': sasrec.n_heads must be a divisor"),
     ([*_MODELS, "--runs", "sasrec@lr=true"], "sasrec.train.lr: expected a number, got True"),
     ([*_MODELS, "--runs", "nosuch"], "error: run 'nosuch': unknown model 'nosuch'"),
     ([*_MODELS, "--threads", "-1"], f"argument --threads: {_WHOLE} 1, got '-1' (or 0: torch's default)"),

@@ -90,6 +90,25 @@ def test_missing_params_file(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("overrides, says", [
+    ({"sasrec": {"n_heads": 0}}, "error: sasrec.n_heads must be >= 1, got 0"),
+    ({"sasrec": {"dim": 0}}, "error: sasrec.dim must be >= 1, got 0"),
+    ({"bert4rec": {"dropout": 1.5}}, "error: bert4rec.dropout must be in [0, 1), got 1.5"),
+    ({"mojito": {"train": {"seed": -1}}}, "error: mojito.train.seed must be in [0, 4294967295]"),
+])
+@pytest.mark.parametrize("command", [("data", "generate", "--out", "data"), ("registry", "list"), ("warm",)])
+def test_a_setting_out_of_range_is_one_line_naming_its_key_and_nothing_is_written(
+        monkeypatch, capsys, tmp_path, write_params, overrides, says, command):
+    """Each was a traceback, when a model was built or on every command."""
+    models = ["mostpop", "sasrec", "bert4rec", "mojito"]  # every model section is checked, listed or not
+    params = write_params({**overrides, "models": models})
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, *command, "--params", str(params))
+    assert code == 1 and out == ""
+    assert_one_line_error(err, says)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
 def test_data_generate(monkeypatch, capsys, tmp_path, write_params, tiny_generated):
     from recsys.store import read_store
 

@@ -93,12 +93,16 @@ def test_wrong_type_is_an_error(raw, where):
     ({"train": {"epochs": -1}}, "train.epochs must be >= 1 (whole epochs), got -1"),
     ({"train": {"epochs": 0}}, "train.epochs must be >= 1"),
     ({"train": {"patience": 0}}, "train.patience must be >= 1"),
-    ({"train": {"lr": -1.0}}, "train.lr must be >= 0 (0 = the weights stay as initialised), got -1.0"),
-    ({"train": {"lr": float("nan")}}, "train.lr must be >= 0 (0 = the weights stay as initialised), got nan"),
-    ({"train": {"max_minutes": -5.0}}, "train.max_minutes must be >= 0 (0 = no time limit), got -5.0"),
-    ({"train": {"grad_clip": -1}}, "train.grad_clip must be >= 0 (0 = no clipping)"),
-    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay must be >= 0"),
-    ({"sasrec": {"train": {"lr": -2.0}}}, "sasrec.train: train.lr must be >= 0"),
+    ({"train": {"lr": -1.0}}, "train.lr must be a finite number >= 0 (0 = the weights stay as initialised), "
+                              "got -1.0"),
+    ({"train": {"lr": float("nan")}}, "train.lr must be a finite number >= 0 (0 = the weights stay as "
+                                      "initialised), got nan"),
+    ({"train": {"max_minutes": -5.0}}, "train.max_minutes must be a finite number >= 0 (0 = no time limit), "
+                                       "got -5.0"),
+    ({"train": {"grad_clip": -1}}, "train.grad_clip must be a finite number >= 0 (0 = no clipping)"),
+    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay must be a finite number >= 0 (0 = none), "
+                                                "got inf"),
+    ({"sasrec": {"train": {"lr": -2.0}}}, "sasrec.train.lr must be a finite number >= 0"),
     ({"ingest": {"store": "raw"}}, ("ingest.store must be 'data' (the raw store data.dvc versions and dvc.yaml's "
                                     "prepare stage reads; the layout is fixed), got 'raw': remove the setting")),
 ])
@@ -107,6 +111,71 @@ def test_values_out_of_range_are_refused_with_the_key_and_value(raw, message):
     reports success with the old checkpoint left in place."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_params(raw)
+
+
+SEED = "in [0, 4294967295] (2**32 - 1)"
+
+
+@pytest.mark.parametrize("raw, message", [
+    # the settings every transformer model shares (dim, n_layers, n_heads, dropout, max_len)
+    ({"sasrec": {"dim": 0}}, "sasrec.dim must be >= 1, got 0"),  # was a ZeroDivisionError
+    ({"sasrec": {"dim": -2}}, "sasrec.dim must be >= 1, got -2"),  # was RuntimeError: negative dimension
+    ({"sasrec": {"n_layers": 0}}, "sasrec.n_layers must be >= 1, got 0"),
+    ({"sasrec": {"n_heads": 0}}, "sasrec.n_heads must be >= 1, got 0"),  # ZeroDivisionError on every command
+    ({"sasrec": {"n_heads": 3}}, "sasrec.n_heads must be a divisor of dim (64), got 3"),
+    ({"sasrec": {"dropout": 1.5}}, "sasrec.dropout must be in [0, 1), got 1.5"),
+    ({"sasrec": {"dropout": 1.0}}, "sasrec.dropout must be in [0, 1), got 1.0"),
+    ({"sasrec": {"max_len": 0}}, "sasrec.max_len must be >= 1, got 0"),
+    ({"sasrec": {"n_negatives": 0}}, "sasrec.n_negatives must be >= 1, got 0"),
+    ({"sasrec": {"item_dropout": -0.1}}, "sasrec.item_dropout must be in [0, 1), got -0.1"),
+    ({"bert4rec": {"dim": 0}}, "bert4rec.dim must be >= 1, got 0"),
+    ({"bert4rec": {"n_heads": 3}}, "bert4rec.n_heads must be a divisor of dim (64), got 3"),
+    ({"bert4rec": {"dropout": float("nan")}}, "bert4rec.dropout must be in [0, 1), got nan"),
+    ({"bert4rec": {"max_len": -1}}, "bert4rec.max_len must be >= 1, got -1"),
+    ({"bert4rec": {"ffn_dim": 0}}, "bert4rec.ffn_dim must be >= 1, got 0"),
+    ({"bert4rec": {"n_negatives": -8}}, "bert4rec.n_negatives must be >= 1, got -8"),
+    ({"bert4rec": {"mask_prob": 0.0}}, "bert4rec.mask_prob must be in (0, 1], got 0.0"),
+    ({"bert4rec": {"last_item_share": 1.5}}, "bert4rec.last_item_share must be in [0, 1], got 1.5"),
+    ({"mojito": {"n_layers": -1}}, "mojito.n_layers must be >= 1, got -1"),
+    ({"mojito": {"n_heads": 0}}, "mojito.n_heads must be >= 1, got 0"),
+    ({"mojito": {"n_heads": 3}}, "mojito.n_heads must be a divisor of 2*dim (128), got 3"),
+    ({"mojito": {"dropout": -0.2}}, "mojito.dropout must be in [0, 1), got -0.2"),
+    ({"mojito": {"time_dim": 0}}, "mojito.time_dim must be >= 1, got 0"),
+    ({"mojito": {"time_expand": 0}}, "mojito.time_expand must be >= 1, got 0"),
+    ({"mojito": {"time_linspace": float("inf")}}, "mojito.time_linspace must be a finite number, got inf"),
+    ({"mojito": {"noise_init": -0.1}}, "mojito.noise_init must be a finite number >= 0, got -0.1"),
+    ({"mojito": {"long_weight": float("nan")}}, "mojito.long_weight must be a finite number >= 0, got nan"),
+    ({"mojito": {"fism_items": 0}}, "mojito.fism_items must be >= 1, got 0"),
+    ({"mojito": {"fism_attention": 1.5}}, "mojito.fism_attention must be in [0, 1], got 1.5"),
+    # the train section, and a model's own train mapping named where it was written
+    ({"train": {"seed": -1}}, f"train.seed must be {SEED}, got -1"),  # was numpy's traceback
+    ({"train": {"seed": 2**32}}, f"train.seed must be {SEED}, got 4294967296"),
+    ({"sasrec": {"train": {"seed": -1}}}, f"sasrec.train.seed must be {SEED}, got -1"),
+    ({"train": {"batch_size": 0}}, "train.batch_size must be >= 1, got 0"),
+    ({"train": {"lr_reference_batch": -1}}, "train.lr_reference_batch must be >= 1, got -1"),
+    ({"bert4rec": {"train": {"epochs": 0}}}, "bert4rec.train.epochs must be >= 1 (whole epochs), got 0"),
+    ({"mojito": {"train": {"ema": 1.0}}}, "mojito.train.ema must be in [0, 1) (0 = off; the decay of the "
+                                          "weights' moving average per optimiser step), got 1.0"),
+])
+def test_model_and_train_settings_out_of_range_name_the_dotted_key_the_value_and_the_range(raw, message):
+    """Each was a traceback (or a misleading later error) when a model was built, or on every command."""
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("raw", [
+    {"sasrec": {"dim": 1, "n_heads": 1, "n_layers": 1, "max_len": 1, "dropout": 0.0, "n_negatives": 1,
+                "item_dropout": 0.0}},
+    {"bert4rec": {"dim": 8, "n_heads": 8, "ffn_dim": 1, "mask_prob": 1.0, "last_item_share": 0.0}},
+    {"bert4rec": {"last_item_share": 1.0}},
+    {"mojito": {"dim": 3, "n_heads": 6, "time_dim": 1, "time_expand": 1, "time_linspace": -2.0,
+                "noise_init": 0.0, "long_weight": 0.0, "fism_items": 1, "fism_attention": 0.0}},
+    {"mojito": {"fism_attention": 1.0}},
+    {"train": {"seed": 0}}, {"train": {"seed": 2**32 - 1}}, {"train": {"lr": 0.0, "batch_size": 1}},
+])
+def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
+    parse_params(raw)
 
 
 def test_numbers_widen_to_float_but_not_to_int():

@@ -201,7 +201,7 @@ def test_config_rejects_unknown_arrangements():
         SASRecConfig(residual="post_ln")
     with pytest.raises(ValueError, match="weight_init"):
         SASRecConfig(weight_init="kaiming")
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match=r"n_heads must be a divisor of dim \(10\), got 3"):
         SASRecConfig(dim=10, n_heads=3)
 
 
