@@ -11,6 +11,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -36,6 +37,11 @@ def check_seed(seed: int, section: str) -> None:
     require(0 <= seed <= SEED_MAX, "seed", seed, f"in [0, {SEED_MAX}] (2**32 - 1)", section)
 
 
+def check_share(config: Any, key: str, section: str) -> None:
+    """`key` a share: in [0, 1]."""
+    require(0.0 <= getattr(config, key) <= 1.0, key, getattr(config, key), "in [0, 1]", section)
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     """Synthetic interactions with planted structure (the embedded default dataset)."""
@@ -48,6 +54,19 @@ class GenerateConfig:
     days: int = 180
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        check_sizes(self, "n_users", "n_items", "mean_events_per_user", "n_clusters", "days",
+                    section="generate")
+        # every cluster is a chain of items: one with no item cannot be walked
+        require(self.n_clusters <= self.n_items, "n_clusters", self.n_clusters,
+                f"at most generate.n_items ({self.n_items})", "generate")
+        try:  # the standard library's parser (pandas, which generates, is too slow to load for every command)
+            datetime.fromisoformat(self.start)
+        except ValueError:
+            raise SettingError("start", f"must be an ISO 8601 date and time such as 2024-01-01T00:00:00Z, "
+                                        f"got {self.start!r}", "generate") from None
+        check_seed(self.seed, "generate")
+
 
 @dataclass(frozen=True)
 class PrepareConfig:
@@ -57,6 +76,15 @@ class PrepareConfig:
     # global_time only: quantiles of the event-time distribution where validation and test periods start.
     valid_quantile: float = 0.8
     test_quantile: float = 0.9
+
+    def __post_init__(self) -> None:
+        check_sizes(self, "min_user_interactions", "min_item_interactions", section="prepare")
+        # checked under loo too: a setting that cannot work is refused before anyone switches to global_time
+        for key in ("valid_quantile", "test_quantile"):
+            require(0.0 < getattr(self, key) < 1.0, key, getattr(self, key), "in (0, 1)", "prepare")
+        require(self.valid_quantile < self.test_quantile, "test_quantile", self.test_quantile,
+                f"above prepare.valid_quantile ({self.valid_quantile}): the validation period ends where the "
+                "test period starts", "prepare")
 
 
 @dataclass(frozen=True)
@@ -187,9 +215,12 @@ class EvaluateConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_size < 0 or self.sampled_negatives < 0:
-            raise ValueError(f"evaluate.batch_size and evaluate.sampled_negatives must be >= 0, got "
-                             f"{self.batch_size} and {self.sampled_negatives}")
+        require(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "ks", list(self.ks),
+                "a non-empty list of cut-offs >= 1", "evaluate")
+        require(self.batch_size >= 0, "batch_size", self.batch_size, ">= 0 (0 = auto)", "evaluate")
+        require(self.sampled_negatives >= 0, "sampled_negatives", self.sampled_negatives, ">= 0 (0 = none)",
+                "evaluate")
+        check_seed(self.seed, "evaluate")
 
 
 @dataclass(frozen=True)
@@ -221,6 +252,18 @@ class IngestConfig:
         if self.store != DATA:  # bootstrap, dvc.yaml's prepare stage and data.dvc all name it
             raise ValueError(f"ingest.store must be {DATA!r} (the raw store data.dvc versions and dvc.yaml's "
                              f"prepare stage reads; the layout is fixed), got {self.store!r}: remove the setting")
+        for key in ("inbox", "quarantine", "reports", "manifest"):  # "" would be the repository root itself
+            require(getattr(self, key) != "", key, getattr(self, key),
+                    "a path relative to the repository root", "ingest")
+        require(self.timestamp_floor >= 0, "timestamp_floor", self.timestamp_floor,
+                ">= 0 (UTC seconds since 1970)", "ingest")
+        require(self.max_future_skew_seconds >= 0, "max_future_skew_seconds", self.max_future_skew_seconds,
+                ">= 0", "ingest")
+        check_sizes(self, "min_rows", section="ingest")  # a batch with no rows has nothing to ingest
+        for key in ("max_bad_row_share", "max_unseen_user_share", "max_unseen_item_share"):
+            check_share(self, key, "ingest")
+        require(len(self.allowed_events) > 0 and all(self.allowed_events), "allowed_events",
+                list(self.allowed_events), "a non-empty list of event names", "ingest")
         if self.column_mapping:  # (the schema module loads pyarrow: only when there is a mapping to check)
             from recsys.schema import mapping_problem
 
@@ -238,10 +281,22 @@ class RegistryConfig:
 
 @dataclass(frozen=True)
 class GateConfig:
-    metric: str = "ndcg@10"
+    metric: str = "ndcg@10"  # one of `gate_metrics(evaluate.ks)` (parse_params checks it against them)
     min_delta: float = 0.0
     significance: bool = True
     alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.min_delta < math.inf, "min_delta", self.min_delta,
+                "a finite number >= 0 (the gain over the baseline a promotion needs)", "gate")
+        require(0.0 < self.alpha < 1.0, "alpha", self.alpha,
+                "in (0, 1) (the paired test's significance level)", "gate")
+
+
+def gate_metrics(ks: tuple[int, ...]) -> list[str]:
+    """The per-user metrics the evaluate stage writes for cut-offs `ks` — the ones the gate can compare
+    (`recsys.metrics.per_user_metrics` names them; tests/test_metrics.py keeps the two in step)."""
+    return [name for k in ks for name in (f"ndcg@{k}", f"hr@{k}")] + ["mrr"]
 
 
 @dataclass(frozen=True)
@@ -362,6 +417,10 @@ def parse_params(raw: dict[str, Any]) -> Params:
             model_train[name] = build_dataclass(TrainConfig, merged, f"{name}.train")
     if raw:
         raise ConfigError(f"unknown section(s) {sorted(raw)} in params.yaml")
+    ks, metric = sections["evaluate"].ks, sections["gate"].metric
+    if metric not in gate_metrics(ks):  # else every candidate is refused for want of the metric
+        raise ConfigError(f"gate.metric {metric!r} is not a metric the evaluate stage writes: with "
+                          f"evaluate.ks {list(ks)} it must be one of {', '.join(gate_metrics(ks))}")
     return Params(models=tuple(models), model_configs=model_configs, model_train=model_train, **sections)
 
 

@@ -95,11 +95,17 @@ def test_missing_params_file(monkeypatch, capsys, tmp_path):
     ({"sasrec": {"dim": 0}}, "error: sasrec.dim must be >= 1, got 0"),
     ({"bert4rec": {"dropout": 1.5}}, "error: bert4rec.dropout must be in [0, 1), got 1.5"),
     ({"mojito": {"train": {"seed": -1}}}, "error: mojito.train.seed must be in [0, 4294967295]"),
+    ({"generate": {"start": "notadate"}}, "error: generate.start must be an ISO 8601 date and time"),
+    ({"generate": {"days": 0}}, "error: generate.days must be >= 1, got 0"),
+    ({"generate": {"n_users": -1}}, "error: generate.n_users must be >= 1, got -1"),
+    ({"gate": {"metric": "foo"}}, "error: gate.metric 'foo' is not a metric the evaluate stage writes"),
+    ({"evaluate": {"ks": []}}, "error: evaluate.ks must be a non-empty list of cut-offs >= 1, got []"),
+    ({"ingest": {"max_bad_row_share": 2}}, "error: ingest.max_bad_row_share must be in [0, 1], got 2.0"),
 ])
 @pytest.mark.parametrize("command", [("data", "generate", "--out", "data"), ("registry", "list"), ("warm",)])
 def test_a_setting_out_of_range_is_one_line_naming_its_key_and_nothing_is_written(
         monkeypatch, capsys, tmp_path, write_params, overrides, says, command):
-    """Each was a traceback, when a model was built or on every command."""
+    """Each was a traceback, or was accepted and refused every candidate later with exit 0."""
     models = ["mostpop", "sasrec", "bert4rec", "mojito"]  # every model section is checked, listed or not
     params = write_params({**overrides, "models": models})
     monkeypatch.chdir(tmp_path)

@@ -178,6 +178,82 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
     parse_params(raw)
 
 
+@pytest.mark.parametrize("raw, message", [
+    ({"gate": {"metric": "foo"}}, "gate.metric 'foo' is not a metric the evaluate stage writes: with "
+                                  "evaluate.ks [5, 10, 20] it must be one of ndcg@5, hr@5, ndcg@10, hr@10, "
+                                  "ndcg@20, hr@20, mrr"),
+    ({"gate": {"metric": "ndcg@15"}}, "gate.metric 'ndcg@15' is not a metric the evaluate stage writes"),
+    ({"gate": {"metric": "NDCG@10"}}, "gate.metric 'NDCG@10' is not a metric the evaluate stage writes"),
+    ({"evaluate": {"ks": [5, 20]}}, "gate.metric 'ndcg@10' is not a metric the evaluate stage writes: "
+                                    "with evaluate.ks [5, 20] it must be one of ndcg@5, hr@5, ndcg@20, "
+                                    "hr@20, mrr"),
+    ({"gate": {"alpha": 2}}, "gate.alpha must be in (0, 1) (the paired test's significance level), got 2.0"),
+    ({"gate": {"alpha": -1}}, "gate.alpha must be in (0, 1) (the paired test's significance level), "
+                              "got -1.0"),
+    ({"gate": {"alpha": 0}}, "gate.alpha must be in (0, 1)"),
+    ({"gate": {"min_delta": -1}}, "gate.min_delta must be a finite number >= 0 (the gain over the baseline a "
+                                  "promotion needs), got -1.0"),
+    ({"gate": {"min_delta": float("nan")}}, "gate.min_delta must be a finite number >= 0"),
+    ({"evaluate": {"ks": []}}, "evaluate.ks must be a non-empty list of cut-offs >= 1, got []"),
+    ({"evaluate": {"ks": [0]}}, "evaluate.ks must be a non-empty list of cut-offs >= 1, got [0]"),
+    ({"evaluate": {"ks": [10, -5]}}, "evaluate.ks must be a non-empty list of cut-offs >= 1, got [10, -5]"),
+    ({"evaluate": {"batch_size": -1}}, "evaluate.batch_size must be >= 0 (0 = auto), got -1"),
+    ({"evaluate": {"sampled_negatives": -1}}, "evaluate.sampled_negatives must be >= 0 (0 = none), got -1"),
+    ({"evaluate": {"seed": -1}}, f"evaluate.seed must be {SEED}, got -1"),
+    ({"prepare": {"test_quantile": 1.5}}, "prepare.test_quantile must be in (0, 1), got 1.5"),
+    ({"prepare": {"valid_quantile": 0.0}}, "prepare.valid_quantile must be in (0, 1), got 0.0"),
+    ({"prepare": {"valid_quantile": 0.9, "test_quantile": 0.8}}, "prepare.test_quantile must be above "
+     "prepare.valid_quantile (0.9): the validation period ends where the test period starts, got 0.8"),
+    ({"prepare": {"min_user_interactions": -1}}, "prepare.min_user_interactions must be >= 1, got -1"),
+    ({"prepare": {"min_item_interactions": 0}}, "prepare.min_item_interactions must be >= 1, got 0"),
+    ({"ingest": {"max_bad_row_share": 2}}, "ingest.max_bad_row_share must be in [0, 1], got 2.0"),
+    ({"ingest": {"max_unseen_user_share": -0.1}}, "ingest.max_unseen_user_share must be in [0, 1], got -0.1"),
+    ({"ingest": {"max_unseen_item_share": 1.5}}, "ingest.max_unseen_item_share must be in [0, 1], got 1.5"),
+    ({"ingest": {"min_rows": -1}}, "ingest.min_rows must be >= 1, got -1"),
+    ({"ingest": {"min_rows": 0}}, "ingest.min_rows must be >= 1, got 0"),
+    ({"ingest": {"allowed_events": []}}, "ingest.allowed_events must be a non-empty list of event names, "
+                                         "got []"),
+    ({"ingest": {"allowed_events": ["view", ""]}}, "ingest.allowed_events must be a non-empty list of event "
+                                                   "names, got ['view', '']"),
+    ({"ingest": {"timestamp_floor": -1}}, "ingest.timestamp_floor must be >= 0 (UTC seconds since 1970), "
+                                          "got -1"),
+    ({"ingest": {"max_future_skew_seconds": -1}}, "ingest.max_future_skew_seconds must be >= 0, got -1"),
+    ({"ingest": {"quarantine": ""}}, "ingest.quarantine must be a path relative to the repository root, "
+                                     "got ''"),
+    ({"generate": {"n_users": 0}}, "generate.n_users must be >= 1, got 0"),
+    ({"generate": {"n_users": -1}}, "generate.n_users must be >= 1, got -1"),
+    ({"generate": {"n_items": 0}}, "generate.n_items must be >= 1, got 0"),
+    ({"generate": {"mean_events_per_user": 0}}, "generate.mean_events_per_user must be >= 1, got 0"),
+    ({"generate": {"n_clusters": 0}}, "generate.n_clusters must be >= 1, got 0"),
+    ({"generate": {"n_items": 5, "n_clusters": 8}}, "generate.n_clusters must be at most generate.n_items "
+                                                    "(5), got 8"),
+    ({"generate": {"start": "notadate"}}, "generate.start must be an ISO 8601 date and time such as "
+                                          "2024-01-01T00:00:00Z, got 'notadate'"),  # was a DateParseError
+    ({"generate": {"days": 0}}, "generate.days must be >= 1, got 0"),  # was a ZeroDivisionError
+    ({"generate": {"seed": -1}}, f"generate.seed must be {SEED}, got -1"),
+])
+def test_stage_settings_out_of_range_are_refused_at_load_naming_the_key(raw, message):
+    """Each was accepted and then refused every candidate (exit 0), failed mid-run, or was a traceback."""
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize("raw", [
+    {"gate": {"metric": "hr@20", "alpha": 0.5, "min_delta": 0.0}}, {"gate": {"metric": "mrr"}},
+    {"evaluate": {"ks": [1, 50], "batch_size": 0, "seed": 2**32 - 1}, "gate": {"metric": "ndcg@50"}},
+    {"prepare": {"min_user_interactions": 1, "min_item_interactions": 1, "valid_quantile": 0.01,
+                 "test_quantile": 0.99}},
+    {"ingest": {"min_rows": 1, "max_bad_row_share": 0.0, "max_unseen_user_share": 1.0, "timestamp_floor": 0,
+                "max_future_skew_seconds": 0, "allowed_events": ["view"]}},
+    {"generate": {"n_users": 1, "n_items": 1, "n_clusters": 1, "mean_events_per_user": 1, "days": 1,
+                  "start": "2024-01-01", "seed": 0}},
+    {"generate": {"start": "1997-09-20T05:00:00+02:00"}},
+])
+def test_the_edges_of_each_stage_range_are_accepted(raw):
+    parse_params(raw)
+
+
 def test_numbers_widen_to_float_but_not_to_int():
     params = parse_params({"train": {"lr": 1, "max_minutes": 2}})
     assert params.train.lr == 1.0 and isinstance(params.train.lr, float)

@@ -59,6 +59,14 @@ def test_per_user_metrics_keys_and_values():
     assert all(v.dtype == torch.float64 for v in out.values())
 
 
+@pytest.mark.parametrize("ks", [(10,), (5, 10, 20), (1, 3)])
+def test_the_gate_may_compare_exactly_the_per_user_metrics_evaluate_writes(ks):
+    """params.yaml's gate.metric is checked against `gate_metrics` (no torch), so it must name these."""
+    from recsys.config import gate_metrics
+
+    assert gate_metrics(ks) == list(per_user_metrics(torch.tensor([1, 4]), ks))
+
+
 # --- target_rank --------------------------------------------------------------------------------------------
 
 
