@@ -424,15 +424,50 @@ def parse_params(raw: dict[str, Any]) -> Params:
     return Params(models=tuple(models), model_configs=model_configs, model_train=model_train, **sections)
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+def read_params(path: str | Path = DEFAULT_PARAMS) -> Any:
+    """A params file's YAML, unchecked (None when empty). A file that cannot be read or parsed is one line
+    naming it — where it was looked for, and `--params`, the option of every command that reads one."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError as err:
-        raise ConfigError(f"params file not found: {path}") from err
+        where = "" if path.is_absolute() else " (relative to the current folder)"
+        raise ConfigError(f"params file not found: {path.absolute()}{where}: run from the repository root or "
+                          f"pass --params PATH") from err
+    except IsADirectoryError as err:
+        raise ConfigError(f"params file {path} is a folder: pass --params PATH naming the params.yaml file "
+                          f"itself") from err
+    except OSError as err:  # no permission, a broken link, ...
+        raise ConfigError(f"cannot read params file {path}: {err.strerror or err} (--params PATH reads "
+                          f"another)") from err
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"params file {path} is not UTF-8 text: byte 0x{data[err.start]:02x} on line "
+                          f"{line}; save it as UTF-8 (or pass --params PATH)") from err
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from err
-    return parse_params(raw or {})
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from err
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """pyyaml's error as one line: where (1-based line and column) and its short problem text, and what it
+    was parsing where that began elsewhere (an unclosed `{` is found at the end of the file) — without the
+    source lines and caret diagrams of its str()."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(err).split())
+    line = f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}"
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and (start.line, start.column) != (mark.line, mark.column):
+        line += f" ({' '.join(context.split())} from line {start.line + 1}, column {start.column + 1})"
+    return line
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    return parse_params(read_params(path) or {})
 
 
 def validate_name(name: str, what: str = "name") -> str:

@@ -115,6 +115,58 @@ def test_a_setting_out_of_range_is_one_line_naming_its_key_and_nothing_is_writte
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+READS_PARAMS = [("warm",), ("registry", "list"), ("ingest",), ("prepare",),
+                ("data", "generate", "--out", "data")]
+
+
+@pytest.mark.parametrize("command", READS_PARAMS)
+def test_params_that_is_a_folder_is_one_line_naming_it_and_the_option(monkeypatch, capsys, tmp_path, command):
+    """`recsys warm --params inbox` was an IsADirectoryError traceback, `registry list` said
+    'error: [Errno 21] Is a directory: 'inbox''."""
+    (tmp_path / "inbox").mkdir()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, *command, "--params", "inbox")
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "error: params file inbox is a folder: pass --params PATH naming the "
+                               "params.yaml file itself")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inbox"]
+
+
+@pytest.mark.parametrize("command", READS_PARAMS)
+@pytest.mark.parametrize("content, says", [
+    ("models: [mostpop]\n# caf\u00e9\n".encode("latin-1"), "is not UTF-8 text: byte 0xe9 on line 2"),
+    (b"train: {epochs: 3\n", "is not valid YAML: line 2, column 1: expected ',' or '}', but got '<stream "
+                             "end>' (while parsing a flow mapping from line 1, column 8)"),
+    (b"train:\n\tepochs: 3\n", "is not valid YAML: line 2, column 1: found character '\\t' that cannot "
+                               "start any token"),
+])
+def test_a_params_file_that_does_not_parse_is_one_line_on_every_command(monkeypatch, capsys, tmp_path,
+                                                                        command, content, says):
+    """A Latin-1 byte was a UnicodeDecodeError traceback; invalid YAML, pyyaml's 7-line caret diagram."""
+    (tmp_path / "params.yaml").write_bytes(content)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, *command)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, f"error: params file params.yaml {says}" if "UTF-8" in says
+                          else f"error: params.yaml {says}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize("command", READS_PARAMS)
+def test_run_from_a_subfolder_says_where_it_looked_for_params(monkeypatch, capsys, tmp_path, write_params,
+                                                              command):
+    """It said only 'params file not found: params.yaml'."""
+    write_params()
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    code, out, err = run_cli(monkeypatch, capsys, *command)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, f"error: params file not found: {tmp_path / 'notebooks' / 'params.yaml'} "
+                               "(relative to the current folder): run from the repository root or pass "
+                               "--params PATH")
+    assert sorted(p.name for p in (tmp_path / "notebooks").iterdir()) == []
+
+
 def test_data_generate(monkeypatch, capsys, tmp_path, write_params, tiny_generated):
     from recsys.store import read_store
 

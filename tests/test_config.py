@@ -17,6 +17,7 @@ from recsys.config import (
     TrainConfig,
     load_params,
     parse_params,
+    read_params,
     validate_name,
 )
 
@@ -312,6 +313,63 @@ def test_load_params_errors(tmp_path):
     listing.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_params(listing)
+
+
+def test_a_relative_params_file_not_found_says_where_it_looked_and_how_to_point_elsewhere(tmp_path,
+                                                                                          monkeypatch):
+    """Run from a subfolder, every command said only 'params file not found: params.yaml'."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_params(DEFAULT_PARAMS)
+    assert str(err.value) == (f"params file not found: {tmp_path / 'params.yaml'} (relative to the current "
+                              "folder): run from the repository root or pass --params PATH")
+
+
+def test_a_params_folder_is_one_line_naming_it_and_the_option(tmp_path):
+    """`--params inbox` was an IsADirectoryError traceback (or 'error: [Errno 21] Is a directory')."""
+    with pytest.raises(ConfigError) as err:
+        read_params(tmp_path)
+    assert str(err.value) == (f"params file {tmp_path} is a folder: pass --params PATH naming the "
+                              "params.yaml file itself")
+
+
+def test_an_unreadable_params_file_is_one_line_naming_it_and_the_option(tmp_path, monkeypatch):
+    path = tmp_path / "params.yaml"
+    path.write_text("models: [mostpop]\n")
+
+    def refuse(self):  # (chmod 000 does not stop root, who may run the tests)
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(type(path), "read_bytes", refuse)
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    assert str(err.value) == (f"cannot read params file {path}: Permission denied (--params PATH reads "
+                              "another)")
+
+
+def test_a_params_file_that_is_not_utf8_is_one_line_naming_the_byte_and_its_line(tmp_path):
+    """A Latin-1 'é' was a UnicodeDecodeError traceback on every command."""
+    path = tmp_path / "params.yaml"
+    path.write_bytes("models: [mostpop]\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    assert str(err.value) == (f"params file {path} is not UTF-8 text: byte 0xe9 on line 2; save it as UTF-8 "
+                              "(or pass --params PATH)")
+
+
+@pytest.mark.parametrize("text, where", [
+    ("train: {epochs: 3\n", "line 2, column 1: expected ',' or '}', but got '<stream end>' (while parsing a "
+                            "flow mapping from line 1, column 8)"),
+    ("train:\n\tepochs: 3\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("train: epochs: 3\n", "line 1, column 14: mapping values are not allowed here"),
+])
+def test_invalid_yaml_is_one_line_with_the_line_column_and_problem(tmp_path, text, where):
+    """It was pyyaml's 7-line message with its caret diagrams."""
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    assert str(err.value) == f"{path} is not valid YAML: {where}"
 
 
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "m", "model_2", "a" * 64])

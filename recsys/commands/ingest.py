@@ -7,21 +7,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 
-from recsys.config import DEFAULT_PARAMS, ConfigError, IngestConfig, build_dataclass
+from recsys.config import DEFAULT_PARAMS, ConfigError, IngestConfig, build_dataclass, read_params
 
 app = typer.Typer(add_completion=False)  # this one command; recsys/cli.py registers it as `recsys ingest`
 
 
 def load_ingest_config(params: Path) -> IngestConfig:
     """Only the `ingest` section: ingest must not need torch or the model registry to start."""
-    try:
-        raw = yaml.safe_load(params.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError as err:
-        raise ConfigError(f"params file not found: {params}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{params} is not valid YAML: {err}") from err
+    raw = read_params(params) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{params} must be a mapping of sections")
     return build_dataclass(IngestConfig, raw.get("ingest"), "ingest")
