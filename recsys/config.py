@@ -278,6 +278,9 @@ class RegistryConfig:
     artifact_root: str = "registry/artifacts"
     model_name: str = "next_item"
 
+    def __post_init__(self) -> None:  # "" would store artifacts in the repository root itself
+        require(self.artifact_root != "", "artifact_root", self.artifact_root, "a folder path", "registry")
+
 
 @dataclass(frozen=True)
 class GateConfig:

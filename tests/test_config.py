@@ -232,6 +232,7 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
                                           "2024-01-01T00:00:00Z, got 'notadate'"),  # was a DateParseError
     ({"generate": {"days": 0}}, "generate.days must be >= 1, got 0"),  # was a ZeroDivisionError
     ({"generate": {"seed": -1}}, f"generate.seed must be {SEED}, got -1"),
+    ({"registry": {"artifact_root": ""}}, "registry.artifact_root must be a folder path, got ''"),
 ])
 def test_stage_settings_out_of_range_are_refused_at_load_naming_the_key(raw, message):
     """Each was accepted and then refused every candidate (exit 0), failed mid-run, or was a traceback."""

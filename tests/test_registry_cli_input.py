@@ -44,6 +44,37 @@ def test_version_arguments_are_parsed_strictly(tmp_path, command, bad):
     assert not (tmp_path / "registry").exists()  # refused before the registry was even opened
 
 
+@pytest.mark.parametrize("setting", ["README.md", "README.md/artifacts"])
+@pytest.mark.parametrize("command", [("list",), ("history",), ("show", "1")])
+def test_an_artifact_root_that_is_a_file_is_one_line_naming_the_setting(tmp_path, setting, command):
+    """It was 'error: [Errno 20] Not a directory: '/…/README.md/tmp'' once a checkpoint was stored, naming no
+    setting; now every command that opens the registry refuses it, before the database is made."""
+    (tmp_path / "README.md").write_text("# a file\n")
+    params_path = write_params(tmp_path)
+    params_path.write_text(params_path.read_text().replace("registry/artifacts", setting))
+    result = invoke(registry_app, *command, "--params", str(params_path))
+    assert result.exit_code == 1
+    assert one_line(result) == (f"error: registry.artifact_root {setting!r} is not a folder: "
+                                f"{tmp_path / 'README.md'} is a file; point registry.artifact_root at a "
+                                "folder (or one to create) in params.yaml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "params.yaml"]  # no registry made
+
+
+def test_a_promotion_into_an_artifact_root_that_is_a_file_is_refused_before_anything_is_written(tmp_path):
+    import dataclasses
+
+    from test_registry_support import registry_config
+
+    from recsys.config import ConfigError
+    from recsys.registry import open_registry
+
+    (tmp_path / "README.md").write_text("# a file\n")
+    config = dataclasses.replace(registry_config(tmp_path), artifact_root=str(tmp_path / "README.md"))
+    with pytest.raises(ConfigError, match=r"^registry\.artifact_root '.*README\.md' is not a folder"):
+        open_registry(config, tmp_path)  # (its promote failed with NotADirectoryError: …/README.md/tmp)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+
+
 def _promote_two(params_path, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with open_from(params_path) as reg:
         for i, shift in enumerate([0.0, 0.05], start=1):

@@ -388,6 +388,7 @@ def open_registry(
     a SQLite registry file that does not exist yet: it reads an empty registry instead."""
     repo_root = Path(repo_root)
     validate_name(config.model_name, "registry.model_name")
+    store = ArtifactStore(artifact_root(config.artifact_root, repo_root))  # refused before a database is made
     try:
         url = resolve_url(config.url, repo_root, read_only)
         engine = make_engine(url)
@@ -398,4 +399,4 @@ def open_registry(
     except BaseException:
         engine.dispose()
         raise
-    return Registry(engine, ArtifactStore(artifact_root(config.artifact_root, repo_root)), config.model_name, gate)
+    return Registry(engine, store, config.model_name, gate)

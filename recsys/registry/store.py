@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from recsys.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
@@ -99,9 +101,19 @@ def check_hex(sha256: str) -> str:
 
 
 def artifact_root(setting: str, repo_root: Path) -> Path:
-    """`registry.artifact_root` as a directory: relative settings live under the repository root."""
+    """`registry.artifact_root` as a directory: relative settings live under the repository root. A setting
+    that names a file, or a path under one, is refused here — every user of the store resolves it here first —
+    rather than as `Not a directory: …/tmp` once a checkpoint is being stored."""
     path = Path(setting)
-    return path if path.is_absolute() else Path(repo_root) / path
+    root = path if path.is_absolute() else Path(repo_root) / path
+    for existing in (root, *root.parents):  # the nearest part that exists must be a folder
+        if existing.exists():
+            if not existing.is_dir():
+                raise ConfigError(f"registry.artifact_root {setting!r} is not a folder: {existing} is a "
+                                  "file; point registry.artifact_root at a folder (or one to create) in "
+                                  "params.yaml")
+            break
+    return root
 
 
 class ArtifactStore:
