@@ -23,7 +23,7 @@ _USER_ERRORS = [
     ("recsys.registry", "RegistryError"), ("recsys.workspace", "DvcError"),
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
     ("recsys.distributed", "DistributedError"), ("recsys.device", "DeviceError"),
-    ("recsys.train", "TrainingError"),
+    ("recsys.train", "TrainingError"), ("recsys.model_configs", "SettingError"),
 ]
 VERBOSE_ENV = "RECSYS_VERBOSE"
 
