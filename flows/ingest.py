@@ -23,7 +23,7 @@ from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, ru
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params
 from recsys.entry import ArgumentParser
-from recsys.ingest.layout import NOTHING_TO_INGEST, has_work
+from recsys.ingest.layout import NOTHING_TO_INGEST, check_inbox, has_work
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
@@ -39,16 +39,20 @@ def bootstrap(repo_root: str) -> str:
 def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
     """params.yaml's ingest section, with `inbox` (relative to the repository, or absolute) in place of
     ingest.inbox when given. A given inbox must be an existing folder: a typo would otherwise be an
-    empty inbox and a run that says "nothing to ingest"."""
+    empty inbox and a run that says "nothing to ingest". Neither may be the repository or a folder the
+    system owns (`check_inbox`)."""
     config = load_params(Layout(Path(repo_root)).params).ingest
     if inbox is None:
+        check_inbox(ingest_paths(repo_root, config), config)
         return config
     if not inbox.strip():
         raise ConfigError("inbox is empty: leave it unset for params.yaml's ingest.inbox, or name a folder")
     if not (Path(repo_root) / inbox).is_dir():
         raise ConfigError(f"inbox {inbox} is not a folder (relative paths are read from the repository "
                           f"{Path(repo_root).resolve()}); create it or correct --inbox / the flow's inbox")
-    return dataclasses.replace(config, inbox=inbox)
+    given = dataclasses.replace(config, inbox=inbox)
+    check_inbox(ingest_paths(repo_root, given), config)
+    return given
 
 
 def has_batches_or_unfinished_work(repo_root: str, config: IngestConfig) -> bool:

@@ -50,3 +50,16 @@ def point_remote(repo: Path, remote: Path) -> Path:
     remote.mkdir(parents=True, exist_ok=True)
     (repo / ".dvc" / "config.local").write_text(f"['remote \"local\"']\n    url = {remote}\n")
     return repo
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file and folder under `root` — the sha256 of each file's bytes, "folder" for a folder — to show
+    that a refused command locked, moved and wrote nothing."""
+    import hashlib
+
+    def state(path: Path) -> str:
+        if path.is_symlink():
+            return f"link to {os.readlink(path)}"
+        return "folder" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+
+    return {str(p.relative_to(root)): state(p) for p in sorted(root.rglob("*"))}

@@ -18,6 +18,11 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+# The end of the one line that refuses an inbox that is no inbox (the repository, a folder the system owns).
+NOT_AN_INBOX = ("a run would take every file there for a batch and move it into the inbox's processed/ or "
+                "rejected/ folder; set ingest.inbox in params.yaml (or --inbox) to a folder of its own, such "
+                "as inbox")
+
 # Small enough to train in seconds, structured enough that SASRec clearly beats MostPop.
 FLOW_PARAMS = {
     "models": ["mostpop", "sasrec"],

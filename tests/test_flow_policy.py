@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from flow_support import REPO_ROOT, TELEMETRY_ENV, flow_env
+from dvc_support import tree
+from flow_support import NOT_AN_INBOX, REPO_ROOT, TELEMETRY_ENV, flow_env
 from flows.errors import _HideUserErrorTracebacks, retry_if_transient
 from recsys.config import ConfigError
 from recsys.ingest.errors import DvcAddFailed, IngestError
@@ -137,3 +138,33 @@ def test_bootstrap_refuses_a_root_that_is_not_a_repository_and_creates_nothing(t
     assert done.returncode == 1 and done.stdout == "", done.stderr
     assert done.stderr.startswith(f"error: --root {tmp_path / where}: ") and done.stderr.count("\n") == 1
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("flow_name", ["ingest", "pipeline"])
+@pytest.mark.parametrize("setting, inbox, why", [
+    ("''", None, "{repo} is the repository root"),
+    ("inbox", ".", "{repo} is the repository root"),
+    ("inbox", "data", "{repo}/data is data/, the raw store"),
+    ("inbox", "inbox/rejected",
+     "{repo}/inbox/rejected is inbox/rejected/, where a run files the batches it rejected"),
+], ids=["ingest.inbox ''", "--inbox .", "--inbox data", "--inbox inbox/rejected"])
+def test_an_inbox_that_is_no_inbox_is_refused_before_anything_runs(flow_name, setting, inbox, why, tmp_path):
+    """`python -m flows.ingest --inbox .` took every file of the repository for a batch and moved it into
+    `./rejected/`; the inbox's own `rejected/` would file its batches in `rejected/rejected/`."""
+    import importlib
+
+    import yaml
+
+    repo = (tmp_path / "repo").resolve()
+    (repo / "inbox" / "rejected").mkdir(parents=True)
+    (repo / "data").mkdir()
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["ingest"]["inbox"] = yaml.safe_load(setting)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (repo / "README.md").write_text("# a project\n")
+    before = tree(repo)
+    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
+    with pytest.raises(ConfigError) as refused:
+        flow.fn(inbox=inbox, repo_root=str(repo))
+    assert str(refused.value) == f"inbox {why.format(repo=repo)}: {NOT_AN_INBOX}"
+    assert tree(repo) == before  # nothing bootstrapped, locked, moved or written

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dvc_support import tree
 from flow_support import (
+    NOT_AN_INBOX,
     drop_batch,
     flow_env,
     make_repo,
@@ -362,3 +364,18 @@ def test_the_temporary_server_dies_with_a_run_killed_outright(tmp_path):
     finally:
         run.kill()
         run.wait()
+
+
+def test_an_inbox_that_is_the_repository_is_refused_with_one_line_and_nothing_moves(tmp_path):
+    """`python -m flows.ingest --inbox .` took every file of the repository for a batch and moved it into
+    `./rejected/` — README.md, params.yaml, dvc.yaml, data.dvc, pyproject.toml — with a report each."""
+    repo = make_repo(tmp_path / "repo").resolve()
+    drop_batch(repo)
+    before = tree(repo)
+    cmd = [sys.executable, "-m", "flows.ingest", "--repo-root", str(repo), "--inbox", "."]
+    code, output = run_flow_process(cmd, repo, subprocess_env(tmp_path / "prefect-home"), tmp_path / "run.log")
+    assert code == 1, output[-4000:]
+    line = f"error: inbox {repo} is the repository root: {NOT_AN_INBOX}"
+    assert [text for text in output.splitlines() if text.startswith("error:")] == [line], output[-4000:]
+    assert output.splitlines()[-1] == line and "Traceback" not in output
+    assert tree(repo) == before  # nothing bootstrapped, locked, moved or written

@@ -31,16 +31,17 @@ def ingest(
 ) -> None:
     """Ingest each batch exactly once and move it to inbox/processed/ (or inbox/rejected/), as the ingest
     flow does; print what happened. Exit code 1 if any batch was rejected or the push did not finish."""
-    from recsys.ingest.layout import NOTHING_TO_INGEST, has_work
+    from recsys.ingest.layout import NOTHING_TO_INGEST, check_inbox, has_work
     from recsys.ingest.layout import paths as ingest_paths
 
+    root = params.resolve().parent
     try:
         config = load_ingest_config(params)
+        where = check_inbox(ingest_paths(root, config), config)  # the repository root is no inbox
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    root = params.resolve().parent
-    if not paths and not has_work(ingest_paths(root, config)):  # a few stats: no ingest code, no key index
+    if not paths and not has_work(where):  # a few stats: no ingest code, no key index
         typer.echo(NOTHING_TO_INGEST)
         return
     # GX import is slow; keep --help and the empty run fast

@@ -6,9 +6,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys.config import IngestConfig
-from recsys.ingest.errors import BatchRejected
-from recsys.layout import SCRATCH
+from recsys.config import ConfigError, IngestConfig
+from recsys.ingest.errors import BatchRejected, IngestError
+from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PREPARED, RESUME, SCRATCH, WARM_DIR
 from recsys.workspace import STATE_DIR
 
 PROCESSED, REJECTED = "processed", "rejected"  # where a run files its batches, inside the inbox
@@ -55,6 +55,54 @@ def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None 
         manifest=root / config.manifest,
         state=root / STATE_DIR,
     )
+
+
+def check_inbox(where: Paths, config: IngestConfig) -> Paths:
+    """Refuse an inbox whose files are not batches: a run takes every file there for one and moves it to
+    `processed/` or `rejected/` — with `ingest.inbox: ''` or `--inbox .`, the repository's README.md,
+    params.yaml and data.dvc. Called before anything is locked, moved or written, by every run (the CLI, both
+    flows); `config` is params.yaml's section, whose inbox's filing folders are no inbox either."""
+    why = _not_an_inbox(where, config)
+    if why is not None:
+        raise ConfigError(
+            f"inbox {where.inbox} {why}: a run would take every file there for a batch and move it into the "
+            f"inbox's {PROCESSED}/ or {REJECTED}/ folder; set ingest.inbox in params.yaml (or --inbox) to a "
+            f"folder of its own, such as {IngestConfig.inbox}")
+    return where
+
+
+def _not_an_inbox(where: Paths, config: IngestConfig) -> str | None:
+    inbox, root = where.inbox, where.root
+    if inbox == root:
+        return "is the repository root"
+    if root.is_relative_to(inbox):
+        return f"is a folder above the repository {root}"
+    configured = (root / config.inbox).resolve()
+    filing = {configured / PROCESSED: "where a run files the batches it ingested",
+              configured / REJECTED: "where a run files the batches it rejected"}
+    for folder, what in {**_owned(where), **filing}.items():
+        if inbox.is_relative_to(folder):
+            return f"{'is' if inbox == folder else 'lies in'} {_shown(folder, root)}, {what}"
+        if folder.is_relative_to(inbox) and folder not in filing:
+            return f"holds {_shown(folder, root)}, {what}"
+    if where.manifest.resolve().parent == inbox:
+        return f"holds the ingest manifest {where.manifest.name} (ingest.manifest)"
+    return None
+
+
+def _owned(where: Paths) -> dict[Path, str]:
+    """The folders the system writes: no inbox may be, lie in, or hold one."""
+    root = where.root
+    owned = {where.store: "the raw store", where.quarantine: "ingest's quarantine (ingest.quarantine)",
+             where.reports: "ingest's reports (ingest.reports)", where.state: "ingest's state and locks",
+             root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository"}
+    for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
+        owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
+    return {folder.resolve(): what for folder, what in owned.items()}
+
+
+def _shown(folder: Path, root: Path) -> str:
+    return f"{folder.relative_to(root)}/" if folder.is_relative_to(root) else str(folder)
 
 
 def inbox_files(where: Paths) -> list[Path]:

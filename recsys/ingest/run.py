@@ -15,7 +15,15 @@ from recsys.config import IngestConfig
 from recsys.ingest.commit import commit, mark_push_pending
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
-from recsys.ingest.layout import PROCESSED, REJECTED, Paths, check_inside_inbox, file_sha256, inbox_files
+from recsys.ingest.layout import (
+    PROCESSED,
+    REJECTED,
+    Paths,
+    check_inbox,
+    check_inside_inbox,
+    file_sha256,
+    inbox_files,
+)
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
@@ -53,15 +61,16 @@ def ingest_batches(
 ) -> IngestRun:
     """Ingest each file in turn. A bad batch gives a `rejected` summary (with a report) and changes
     nothing; `IngestError` is raised only when ingest itself cannot run (DVC, configuration) or the push
-    failed (`PushFailed`, which carries the run). With `move`, each file is then moved to
-    `inbox/processed/` (ingested or already ingested) or `inbox/rejected/`, as the flow does."""
-    where = ingest_paths(repo_root, config, inbox)
+    failed (`PushFailed`, which carries the run), `ConfigError` for an inbox that is no inbox (`check_inbox`,
+    before anything is locked). With `move`, each file is then moved to `inbox/processed/` (ingested or
+    already ingested) or `inbox/rejected/`, as the flow does."""
+    where = check_inbox(ingest_paths(repo_root, config, inbox), config)
     return _run(where, config, [Path(p) for p in paths], move)
 
 
 def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
     """Ingest every file now in the inbox (sorted by name) and move it to `processed/` or `rejected/`."""
-    return _run(ingest_paths(repo_root, config), config, None, move=True)
+    return _run(check_inbox(ingest_paths(repo_root, config), config), config, None, move=True)
 
 
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:

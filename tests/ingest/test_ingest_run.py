@@ -281,7 +281,7 @@ def test_bad_batch_is_rejected_whole_with_a_clear_message(repo, name, build, mes
 
 
 def test_paths_outside_the_inbox_are_refused(repo, tmp_path):
-    outside = write_frame(tmp_path / "outside.csv", events(3, start=1000))
+    outside = write_frame(tmp_path / "elsewhere" / "outside.csv", events(3, start=1000))
     link = repo / "inbox" / "link.csv"
     link.symlink_to(outside)
     before = snapshot(repo)
@@ -290,8 +290,8 @@ def test_paths_outside_the_inbox_are_refused(repo, tmp_path):
         assert summary.status == "rejected"
         assert "is outside the inbox" in summary.message
     assert snapshot(repo) == before
-    # An explicit inbox (tests, the flow) widens what is accepted.
-    assert ingest_one(repo, outside, inbox=tmp_path).status == "ingested"
+    # An explicit inbox (tests, the flow) widens what is accepted (not to a folder above the repository).
+    assert ingest_one(repo, outside, inbox=outside.parent).status == "ingested"
 
 
 def test_disk_full_during_the_part_write_changes_nothing(repo, monkeypatch):

@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dvc_support import VENV_BIN, copy_repo, make_dvc_repo, run  # noqa: F401 (re-exported)
+from dvc_support import VENV_BIN, copy_repo, make_dvc_repo, run, tree  # noqa: F401 (re-exported)
 from recsys.config import IngestConfig
 
 # Fixed clock-independent timestamps well inside [floor, now + skew].
