@@ -25,7 +25,8 @@ def load_ingest_config(params: Path) -> IngestConfig:
 def ingest(
     paths: Annotated[
         Optional[list[Path]],
-        typer.Argument(help="Batch files (CSV, Parquet, JSON lines) in the inbox; none: the whole inbox."),
+        typer.Argument(help="Batch files (CSV, Parquet, JSON lines) in the inbox; none, or the inbox itself: "
+                            "every file in it."),
     ] = None,
     params: Annotated[Path, typer.Option(help="params.yaml; its folder is the repo root.")] = DEFAULT_PARAMS,
 ) -> None:
@@ -69,6 +70,8 @@ def ingest(
                 typer.echo(f"  quarantined rows: {summary.quarantine_file}")
     for action in run.actions:
         typer.echo(action)
+    if not run and not run.actions:  # `recsys ingest inbox` with an empty inbox
+        typer.echo(NOTHING_TO_INGEST)
     if push_error:
         typer.echo(f"error: {push_error}", err=True)
     if failed:

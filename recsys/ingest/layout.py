@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,42 @@ def _owned(where: Paths) -> dict[Path, str]:
 
 def _shown(folder: Path, root: Path) -> str:
     return f"{folder.relative_to(root)}/" if folder.is_relative_to(root) else str(folder)
+
+
+def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | None:
+    """The batch files a command line names, checked before anything is locked or moved; None when it names
+    the inbox itself, which means every file in it. Each must be a file inside the inbox (a subfolder's too):
+    anything else is a mistake on the command line, refused as one line, not a rejected batch."""
+    files = []
+    for name in names:
+        path = Path(name)
+        resolved = path.resolve()
+        if resolved == where.inbox:
+            return None
+        if not resolved.exists():
+            raise IngestError(f"{path} does not exist; {_inbox_holds(where)}")
+        if not resolved.is_relative_to(where.inbox):
+            link = f" (a link to {resolved})" if path.is_symlink() else ""
+            raise IngestError(f"{path}{link} is outside the inbox {where.inbox}: move the file into the "
+                              "inbox, then ingest it from there")
+        if resolved.is_dir():
+            raise IngestError(f"{path} is a folder: ingest reads one file per batch (CSV, JSON lines or "
+                              "Parquet); name its files, or move them into the inbox itself")
+        if not resolved.is_file():
+            raise IngestError(f"{path} is not a regular file: ingest reads one file per batch (CSV, JSON "
+                              "lines or Parquet)")
+        files.append(path)
+    return files
+
+
+def _inbox_holds(where: Paths, shown: int = 5) -> str:
+    if not where.inbox.is_dir():
+        return f"the inbox {where.inbox} does not exist"
+    names = [f"{p.name}/" if p.is_dir() else p.name for p in inbox_files(where)]
+    if not names:
+        return f"the inbox {where.inbox} is empty"
+    more = f", … ({len(names)} in all)" if len(names) > shown else ""
+    return f"the inbox {where.inbox} holds {', '.join(names[:shown])}{more}"
 
 
 def inbox_files(where: Paths) -> list[Path]:

@@ -23,6 +23,7 @@ from recsys.ingest.layout import (
     check_inside_inbox,
     file_sha256,
     inbox_files,
+    named_batches,
 )
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
@@ -59,13 +60,14 @@ def ingest_batches(
     inbox: str | Path | None = None,
     move: bool = False,
 ) -> IngestRun:
-    """Ingest each file in turn. A bad batch gives a `rejected` summary (with a report) and changes
-    nothing; `IngestError` is raised only when ingest itself cannot run (DVC, configuration) or the push
-    failed (`PushFailed`, which carries the run), `ConfigError` for an inbox that is no inbox (`check_inbox`,
-    before anything is locked). With `move`, each file is then moved to `inbox/processed/` (ingested or
-    already ingested) or `inbox/rejected/`, as the flow does."""
+    """Ingest each file in turn; naming the inbox itself means every file in it. A bad batch gives a
+    `rejected` summary (with a report) and changes nothing; `IngestError` is raised when ingest itself cannot
+    run (DVC, configuration), when a path is no batch file in the inbox (`named_batches`) or when the push
+    failed (`PushFailed`, which carries the run), `ConfigError` for an inbox that is no inbox (`check_inbox`):
+    both refusals before anything is locked. With `move`, each file is then moved to `inbox/processed/`
+    (ingested or already ingested) or `inbox/rejected/`, as the flow does."""
     where = check_inbox(ingest_paths(repo_root, config, inbox), config)
-    return _run(where, config, [Path(p) for p in paths], move)
+    return _run(where, config, named_batches(paths, where), move)
 
 
 def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:

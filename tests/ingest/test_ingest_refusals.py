@@ -1,7 +1,8 @@
 """What `recsys ingest` refuses before anything is locked, moved or written: an inbox that is no inbox (the
-repository, a folder above it, a folder the system owns). A real git + DVC repository with one batch
-ingested and the files of a project (README.md, pyproject.toml, …); `recsys ingest` runs as a real
-subprocess, and every file and folder of the repository is compared before and after."""
+repository, a folder above it, a folder the system owns) and a path that names no batch file in the inbox:
+mistakes on the command line, said as one `error:` line, not rejected batches. A real git + DVC repository
+with one batch ingested and the files of a project (README.md, pyproject.toml, …); `recsys ingest` runs as
+a real subprocess, and every file and folder of the repository is compared before and after."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from flow_support import NOT_AN_INBOX
+from recsys.ingest.layout import NOTHING_TO_INGEST
 from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, tree, write_frame
 
 pytestmark = pytest.mark.slow
@@ -71,3 +73,48 @@ def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, i
     assert done.stderr.splitlines() == [f"error: inbox {why.format(repo=repo)}: {NOT_AN_INBOX}"], done.stderr
     assert done.stdout == ""
     assert tree(repo) == before  # nothing moved, locked, written or created
+
+
+@pytest.mark.parametrize("name, says", [
+    ("inbox/batch.csv", "inbox/batch.csv does not exist; the inbox {inbox} holds sub/, waiting.csv"),
+    ("{outside}", "{outside} is outside the inbox {inbox}: move the file into the inbox, then ingest it from "
+                  "there"),
+    ("README.md", "README.md is outside the inbox {inbox}: move the file into the inbox, then ingest it from "
+                  "there"),
+    ("inbox/sub", "inbox/sub is a folder: ingest reads one file per batch (CSV, JSON lines or Parquet); name "
+                  "its files, or move them into the inbox itself"),
+], ids=["missing", "outside", "README.md", "a folder in the inbox"])
+def test_a_path_that_names_no_batch_in_the_inbox_is_refused_before_anything_is_touched(
+        repo, tmp_path, name, says):
+    """These were `rejected …` lines, as if a batch had been read (`recsys ingest inbox/batch.csv` for a
+    missing file said `rejected batch.csv: inbox/batch.csv does not exist or is not a regular file`)."""
+    outside = write_frame(tmp_path / "outside.csv", events(3, start=100))
+    write_frame(repo / "inbox" / "waiting.csv", events(5, start=200))
+    write_frame(repo / "inbox" / "sub" / "part.csv", events(5, start=300))
+    before = tree(repo)
+    done = cli(repo, "inbox/waiting.csv", name.format(outside=outside))  # a good batch first: not ingested
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = "error: " + says.format(inbox=(repo / "inbox").resolve(), outside=outside)
+    assert (done.stdout, done.stderr.splitlines()) == ("", [line]), done.stdout + done.stderr
+    assert tree(repo) == before
+
+
+def test_a_missing_file_says_the_inbox_is_empty(repo):
+    before = tree(repo)
+    done = cli(repo, "inbox/batch.csv")
+    assert done.returncode == 1, done.stdout + done.stderr
+    inbox = (repo / "inbox").resolve()
+    assert done.stderr.splitlines() == [f"error: inbox/batch.csv does not exist; the inbox {inbox} is empty"]
+    assert tree(repo) == before
+
+
+def test_naming_the_inbox_ingests_every_file_in_it(repo):
+    """`recsys ingest inbox` said `rejected inbox: inbox is a folder: … move its files into the inbox one by
+    one and remove the folder` — it told the user to delete the inbox."""
+    write_frame(repo / "inbox" / "waiting.csv", events(5, start=200))
+    done = cli(repo, "inbox")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("waiting.csv: ingested 5 rows (data version "), done.stdout
+    assert (repo / "inbox" / "processed" / "waiting.csv").is_file() and (repo / "inbox").is_dir()
+    again = cli(repo, "inbox")
+    assert (again.returncode, again.stdout.strip()) == (0, NOTHING_TO_INGEST), again.stdout + again.stderr

@@ -280,15 +280,19 @@ def test_bad_batch_is_rejected_whole_with_a_clear_message(repo, name, build, mes
     assert not (repo / "quarantine").exists() or not any((repo / "quarantine").iterdir())
 
 
-def test_paths_outside_the_inbox_are_refused(repo, tmp_path):
+def test_paths_outside_the_inbox_are_refused_before_anything_runs(repo, tmp_path):
+    """A mistake on the command line, not a rejected batch (`recsys ingest` says it as one `error:` line)."""
     outside = write_frame(tmp_path / "elsewhere" / "outside.csv", events(3, start=1000))
     link = repo / "inbox" / "link.csv"
     link.symlink_to(outside)
+    inbox = (repo / "inbox").resolve()
+    by_dots = repo / "inbox" / ".." / "inbox" / ".." / "ingest_manifest.jsonl"
     before = snapshot(repo)
-    for path in (outside, repo / "inbox" / ".." / "inbox" / ".." / "ingest_manifest.jsonl", link):
-        summary = ingest_one(repo, path)
-        assert summary.status == "rejected"
-        assert "is outside the inbox" in summary.message
+    for path, shown in ((outside, outside), (by_dots, by_dots), (link, f"{link} (a link to {outside})")):
+        with pytest.raises(ingest.IngestError) as refused:
+            ingest_one(repo, path)
+        assert str(refused.value) == (f"{shown} is outside the inbox {inbox}: move the file into the inbox, "
+                                      "then ingest it from there")
     assert snapshot(repo) == before
     # An explicit inbox (tests, the flow) widens what is accepted (not to a folder above the repository).
     assert ingest_one(repo, outside, inbox=outside.parent).status == "ingested"
