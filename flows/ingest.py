@@ -5,8 +5,10 @@
 Bad batches never reach the store: they are rejected whole (moved to `inbox/rejected/` with a report) or
 their bad rows quarantined; ingested and already-ingested batches move to `inbox/processed/` (as with
 `recsys ingest`). A run is finished only when the DVC remote holds the data: it first completes what an
-interrupted run left (commit, push), and fails if the push fails. The validation summary of each batch is
-published as a Prefect artifact.
+interrupted run left (commit, push), and fails if the push fails. A run that rejected a batch deals with
+every other one first, then fails (not retried: the same bytes are rejected again) with `recsys ingest`'s
+line naming each rejected file and its report. The validation summary of each batch is published as a
+Prefect artifact.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.states import State
 
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params
 from recsys.entry import ArgumentParser
-from recsys.ingest.layout import NOTHING_TO_INGEST, check_inbox, has_work
+from recsys.ingest.errors import BatchesRejected, rejection
+from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout
 
@@ -91,9 +95,25 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     for action in done["actions"]:
         logger.info("%s", action)
     for s in done["summaries"]:
-        (logger.warning if s["status"] == "rejected" else logger.info)("%s: %s", s["source"], s["message"])
+        if s["status"] != "rejected":  # the rejected ones: in the run's failure
+            logger.info("%s: %s", s["source"], s["message"])
     publish_ingest(done["summaries"])
-    return summarise(done)
+    summary = summarise(done)
+    rejected = rejection(done["summaries"], ingest_paths(repo_root, config).inbox / REJECTED)
+    if rejected:  # every batch is dealt with (the accepted ones ingested and pushed): the run fails, once
+        raise BatchesRejected(rejected, result=summary)
+    return summary
+
+
+def ingest_outcome(state: State) -> tuple[dict[str, Any], BatchesRejected | None]:
+    """The ingest flow's summary from its final state, and its `BatchesRejected` when it rejected batches, for
+    a caller that goes on with the accepted data and fails at its end (the pipeline); any other failure is
+    raised here."""
+    if state.is_failed():
+        failure = state.result(raise_on_failure=False)
+        if isinstance(failure, BatchesRejected):
+            return failure.result, failure
+    return state.result(), None
 
 
 def summarise(done: dict[str, Any]) -> dict[str, Any]:
@@ -118,8 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo-root", default=str(ROOT),
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     args = parser.parse_args(argv)
-    summary = run_main(lambda: ingest(inbox=args.inbox, repo_root=args.repo_root), args.verbose)
-    print(json.dumps(summary, indent=2, default=str))
+
+    def run() -> dict[str, Any]:
+        try:
+            summary = ingest(inbox=args.inbox, repo_root=args.repo_root)
+        except BatchesRejected as rejected:  # what was done, then its one line (run_main)
+            print(json.dumps(rejected.result, indent=2, default=str))
+            raise
+        print(json.dumps(summary, indent=2, default=str))
+        return summary
+
+    run_main(run, args.verbose)
 
 
 if __name__ == "__main__":

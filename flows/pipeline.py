@@ -2,9 +2,11 @@
 
     python -m flows.pipeline     # the README's main job; prints the champion and a sample recommendation
 
-A run with no new data retrains nothing (DVC finds every stage up to date) and the gate replays its earlier
-decision, so the nightly schedule is cheap when nothing arrived: with an empty inbox and no unfinished ingest
-commit or push (`recsys.ingest.layout.has_work`, a few stats) it starts no ingest subflow at all.
+A rejected batch (moved aside) does not stop the run: it retrains and gates on the accepted data, then fails
+with the ingest flow's line naming each rejected file (`flows.ingest.ingest_outcome`). A run with no new data
+retrains nothing (DVC finds every stage up to date) and the gate replays its earlier decision, so the nightly
+schedule is cheap when nothing arrived: with an empty inbox and no unfinished ingest commit or push
+(`recsys.ingest.layout.has_work`, a few stats) it starts no ingest subflow at all.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, quiet_console, run_main
-from flows.ingest import has_batches_or_unfinished_work, ingest, ingest_config, summarise
+from flows.ingest import has_batches_or_unfinished_work, ingest, ingest_config, ingest_outcome, summarise
 from flows.retrain import add_fan_out_arguments, check_run_parameters, retrain
 from recsys.entry import ArgumentParser, positive_int
 from recsys.fanout import IDLE_MINUTES
+from recsys.ingest.errors import BatchesRejected
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.recommend import describe_champion
 
@@ -51,14 +54,20 @@ def pipeline(
     # before ingest: retrain would refuse them
     quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
+    rejected = None
     if has_batches_or_unfinished_work(repo_root, ingest_config(repo_root, inbox)):  # (a bad inbox: refused)
-        ingested = ingest(inbox=inbox, repo_root=repo_root)
+        # A rejected batch is moved aside: retrain on what was accepted, then fail as the ingest flow did.
+        ingested, rejected = ingest_outcome(ingest(inbox=inbox, repo_root=repo_root, return_state=True))
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
         get_run_logger().info(NOTHING_TO_INGEST)
         ingested = summarise({"summaries": [], "actions": []})
     retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out,
                         fan_out_idle_minutes=fan_out_idle_minutes)
-    return {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
+    summary = {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
+    if rejected is not None:
+        rejected.result = summary
+        raise rejected
+    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,14 +83,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     def run() -> dict[str, Any]:
-        summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, inbox=args.inbox,
-                           repo_root=args.repo_root, fan_out=args.fan_out,
-                           fan_out_idle_minutes=args.fan_out_idle_minutes)
+        try:
+            summary = pipeline(models=args.models, force=args.force, epochs=args.epochs, inbox=args.inbox,
+                               repo_root=args.repo_root, fan_out=args.fan_out,
+                               fan_out_idle_minutes=args.fan_out_idle_minutes)
+        except BatchesRejected as rejected:  # retrained and gated on the rest: say so, then its one line
+            report(rejected.result)
+            raise
+        report(summary)
+        return summary
+
+    def report(summary: dict[str, Any]) -> None:
         print(json.dumps(summary, indent=2, default=str))
         changed = bool(summary["ingest"].get("batches") or summary["retrain"].get("stages_run"))
         # A sample of what the champion recommends when something changed (scoring loads torch and the model).
         print(describe_champion(Path(args.repo_root), summary["retrain"].get("decision"), k=5 if changed else 0))
-        return summary
 
     run_main(run, args.verbose)
 

@@ -13,7 +13,7 @@ from dvc_support import tree
 from flow_support import NOT_AN_INBOX, REPO_ROOT, TELEMETRY_ENV, flow_env
 from flows.errors import _HideUserErrorTracebacks, retry_if_transient
 from recsys.config import ConfigError
-from recsys.ingest.errors import DvcAddFailed, IngestError
+from recsys.ingest.errors import BatchesRejected, DvcAddFailed, IngestError
 from recsys.ingest.run import IngestRun, PushFailed
 from recsys.prepare import PrepareError
 from recsys.workspace import DvcError, StageError
@@ -36,6 +36,7 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     (StageError("prepare: 5-core filter kept 0 of 9 events"), False),
     (DvcError("Unable to acquire lock"), True),
     (IngestError("ingest.max_batch_rows must be a whole number"), False),
+    (BatchesRejected("rejected 1 of 2 batches: broken.csv: malformed CSV: …"), False),
     (PushFailed("the DVC remote does not have data version abc yet", IngestRun()), True),
     (PushFailed("… no remote specified …", IngestRun(), transient=False), False),
     (DvcAddFailed("`dvc add data` failed: ERROR: Unable to acquire lock", transient=True), True),

@@ -28,6 +28,7 @@ from flow_support import (
     sigint_as_in_a_terminal,
     subprocess_env,
 )
+from recsys.ingest.layout import file_sha256
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -40,22 +41,43 @@ def prefect_harness(tmp_path_factory):
         yield
 
 
+BROKEN = "user_id,item_id\nu1\n"  # a ragged row and no timestamp column: rejected whole
+
+
+def rejected_line(repo: Path, total: int, name: str = "broken.csv") -> str:
+    """The one line a run that rejected `name` (of `total` batches) ends with, as `recsys ingest` says it."""
+    sha = file_sha256(repo / "inbox" / "rejected" / name)
+    report = repo / "reports" / "ingest" / f"{Path(name).stem}-{sha[:16]}.md"
+    batches = "batch" if total == 1 else "batches"
+    return (f"rejected 1 of {total} {batches}: {name}: malformed CSV: CSV parse error: Expected 2 columns, "
+            f"got 1: u1 (moved to {repo}/inbox/rejected/, report: {report})")
+
+
 @pytest.fixture(scope="module")
 def pipeline_run(prefect_harness, tmp_path_factory):
-    """A repository after one pipeline run that ingested a batch, trained and promoted; and that run's summary."""
+    """A repository after one pipeline run that ingested a batch, rejected another, trained and promoted; and
+    that run's final state (Failed, for the rejected batch)."""
     from flows.pipeline import pipeline
 
-    repo = make_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+    repo = make_repo(tmp_path_factory.mktemp("pipeline") / "repo").resolve()
     drop_batch(repo)
-    return repo, pipeline(repo_root=str(repo))
+    (repo / "inbox" / "broken.csv").write_text(BROKEN)
+    return repo, pipeline(repo_root=str(repo), return_state=True)
 
 
 def test_pipeline_ingests_trains_promotes_then_a_run_with_nothing_new_retrains_nothing(pipeline_run):
+    """A rejected batch, moved aside, does not stop the run: it retrains and gates on the accepted batch, then
+    fails — a Failed flow run for the schedule to show — with the ingest flow's line, not retried."""
     from flows.pipeline import pipeline
+    from recsys.ingest.errors import BatchesRejected
 
-    repo, first = pipeline_run
+    repo, state = pipeline_run
+    rejected = state.result(raise_on_failure=False)
+    assert state.is_failed() and isinstance(rejected, BatchesRejected), state
+    assert str(rejected) == rejected_line(repo, 2)
+    first = rejected.result
 
-    assert first["ingest"]["ingested"] == 1 and first["ingest"]["rejected"] == 0
+    assert first["ingest"]["ingested"] == 1 and first["ingest"]["rejected"] == 1
     assert first["ingest"]["rows_accepted"] > 0
     ran = set(first["retrain"]["stages_run"])
     assert {"prepare", "train@sasrec", "evaluate@sasrec", "evaluate@mostpop"} <= ran
@@ -83,7 +105,7 @@ def test_a_run_with_nothing_new_skips_ingest_and_loads_no_torch(pipeline_run, tm
     """The nightly run when nothing arrived, as its own process: no ingest subflow runs (an empty inbox, no
     unfinished commit or push), all-cold warm sources and the replayed gate need neither torch, scipy nor
     pandas, and the unchanged curves are not drawn again (matplotlib)."""
-    repo, first = pipeline_run
+    repo, _ = pipeline_run
     champion = registry_for(repo).champion_version()
     loaded, output = run_python(f"from flows.pipeline import main; main(['--repo-root', {str(repo)!r}])", repo,
                                 subprocess_env(tmp_path / "prefect-home"))
@@ -99,16 +121,39 @@ def test_a_run_with_nothing_new_skips_ingest_and_loads_no_torch(pipeline_run, tm
                 "scipy.stats", "pandas"} & loaded
 
 
+def test_a_pipeline_run_that_rejects_a_batch_says_what_it_did_then_fails_with_one_line(
+        pipeline_run, tmp_path):
+    """As its own process: the run retrains and gates (here nothing changed: the decision is replayed),
+    prints its summary and the champion, and ends with the ingest flow's line as its last, exit code 1."""
+    repo, _ = pipeline_run
+    champion = registry_for(repo).champion_version()
+    (repo / "inbox" / "broken-again.csv").write_text(BROKEN + "u2\n")
+    cmd = [sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)]
+    env = subprocess_env(tmp_path / "prefect-home")
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "run.log")
+    assert code == 1, output[-4000:]
+    line = "error: " + rejected_line(repo, 1, "broken-again.csv")
+    assert [text for text in output.splitlines() if text.startswith("error:")] == [line], output[-4000:]
+    assert output.splitlines()[-1] == line and "Traceback" not in output and "Retry" not in output
+    summary = json.loads(output[output.index("\n{") + 1: output.index("\n}\n") + 2])
+    assert summary["ingest"]["rejected"] == 1 and summary["retrain"]["decision"]["replayed"] is True
+    assert f"champion: version {champion} (" in output, output[-4000:]
+    assert registry_for(repo).champion_version() == champion
+
+
 def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_harness, tmp_path):
+    """The run deals with every batch, then fails (its flow run Failed) naming the rejected one."""
     from flows.ingest import ingest
 
-    repo = make_repo(tmp_path / "repo")
+    repo = make_repo(tmp_path / "repo").resolve()
     batch = drop_batch(repo)
     copy = repo / "inbox" / "copy-of-batch.csv"
     shutil.copy2(batch, copy)
-    (repo / "inbox" / "broken.csv").write_text("user_id,item_id\nu1\n")  # ragged row, no timestamp column
+    (repo / "inbox" / "broken.csv").write_text(BROKEN)
     data_dvc_before = None
-    summary = ingest(repo_root=str(repo))
+    state = ingest(repo_root=str(repo), return_state=True)
+    assert state.is_failed() and str(state.result(raise_on_failure=False)) == rejected_line(repo, 3)
+    summary = state.result(raise_on_failure=False).result
     statuses = {s["source"]: s["status"] for s in summary["summaries"]}
     assert statuses == {"batch-0001.csv": "ingested", "copy-of-batch.csv": "duplicate_batch",
                         "broken.csv": "rejected"}, statuses
@@ -119,6 +164,28 @@ def test_same_batch_twice_is_a_no_op_and_a_bad_batch_is_rejected_whole(prefect_h
     again = ingest(repo_root=str(repo))
     assert [s["status"] for s in again["summaries"]] == ["duplicate_batch"]
     assert (repo / "data.dvc").read_text() == data_dvc_before
+
+
+def test_the_ingest_flow_deals_with_every_batch_then_fails_with_one_line_for_the_rejected_one(tmp_path):
+    """`python -m flows.ingest` exited 0 when a batch was rejected (a WARNING, and "rejected": 1 in its JSON),
+    while `recsys ingest` exited 1. Now the good batch is ingested and pushed, the run prints its summary,
+    and its flow run ends Failed — not retried — with `recsys ingest`'s line as the process's last, exit 1."""
+    repo = make_repo(tmp_path / "repo").resolve()
+    drop_batch(repo)
+    (repo / "inbox" / "broken.csv").write_text(BROKEN)
+    cmd = [sys.executable, "-m", "flows.ingest", "--repo-root", str(repo)]
+    env = subprocess_env(tmp_path / "prefect-home")
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "run.log")
+    assert code == 1, output[-4000:]
+    line = "error: " + rejected_line(repo, 2)
+    assert [text for text in output.splitlines() if text.startswith("error:")] == [line], output[-4000:]
+    assert output.splitlines()[-1] == line and "Traceback" not in output and "Retry" not in output
+    failed = "Finished in state Failed('Flow run encountered an exception: BatchesRejected: rejected 1 of 2"
+    assert failed in output, output[-4000:]
+    summary = json.loads(output[output.index("\n{") + 1: output.index("\n}\n") + 2])
+    assert (summary["ingested"], summary["rejected"]) == (1, 1)
+    assert "pushed: data version" in output
+    assert (repo / "inbox" / "processed" / "batch-0001.csv").is_file()
 
 
 def test_an_unreachable_remote_is_retried_then_fails_with_one_line_and_the_next_run_pushes(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Annotated, Optional
@@ -31,8 +32,10 @@ def ingest(
     params: Annotated[Path, typer.Option(help="params.yaml; its folder is the repo root.")] = DEFAULT_PARAMS,
 ) -> None:
     """Ingest each batch exactly once and move it to inbox/processed/ (or inbox/rejected/), as the ingest
-    flow does; print what happened. Exit code 1 if any batch was rejected or the push did not finish."""
-    from recsys.ingest.layout import NOTHING_TO_INGEST, check_inbox, has_work
+    flow does; print what happened. Exit code 1 if any batch was rejected (the others are ingested, and one
+    `error:` line names each rejected batch and its report) or the push did not finish."""
+    from recsys.ingest.errors import rejection
+    from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
     from recsys.ingest.layout import paths as ingest_paths
 
     root = params.resolve().parent
@@ -57,14 +60,8 @@ def ingest(
     except (IngestError, ConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    failed = push_error is not None
     for summary in run:
-        if summary.status == "rejected":
-            failed = True
-            typer.echo(f"rejected {summary.source}: {summary.message}", err=True)
-            if summary.report_markdown:
-                typer.echo(f"  report: {summary.report_markdown}", err=True)
-        else:
+        if summary.status != "rejected":  # the rejected ones: in the last line
             typer.echo(f"{summary.source}: {summary.message}")
             if summary.quarantine_file:
                 typer.echo(f"  quarantined rows: {summary.quarantine_file}")
@@ -72,7 +69,8 @@ def ingest(
         typer.echo(action)
     if not run and not run.actions:  # `recsys ingest inbox` with an empty inbox
         typer.echo(NOTHING_TO_INGEST)
-    if push_error:
-        typer.echo(f"error: {push_error}", err=True)
-    if failed:
+    rejected = rejection([dataclasses.asdict(s) for s in run], where.inbox / REJECTED)
+    failures = [failure for failure in (push_error, rejected) if failure]
+    if failures:
+        typer.echo(f"error: {'; also '.join(failures)}", err=True)
         raise typer.Exit(1)

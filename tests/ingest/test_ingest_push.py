@@ -138,3 +138,24 @@ def test_a_repository_without_a_remote_fails_the_push_as_not_transient(repo):
     message = str(failed.value)
     assert "no remote specified" in message and "once DVC has a remote it can push to" in message, message
     assert [s.status for s in failed.value.run] == ["ingested"]  # committed locally all the same
+
+
+def test_a_rejected_batch_fails_the_run_with_one_line_once_the_others_are_ingested_and_pushed(repo):
+    """The good batch is ingested and pushed, the bad one moved to `rejected/` with its report; the run ends
+    with one `error:` line naming it, as the flows do (they share `recsys.ingest.errors.rejection`)."""
+    write_frame(repo / "inbox" / "a_good.csv", events(5, start=500))
+    bad = repo / "inbox" / "b_bad.csv"
+    bad.write_text("user_id,item_id\nu1\n")
+    report = repo.resolve() / "reports" / "ingest" / f"b_bad-{ingest.file_sha256(bad)[:16]}.md"
+    result = cli(repo)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = ("error: rejected 1 of 2 batches: b_bad.csv: malformed CSV: CSV parse error: Expected 2 columns, "
+            f"got 1: u1 (moved to {repo.resolve()}/inbox/rejected/, report: {report})")
+    assert [text for text in result.stderr.splitlines() if text.startswith("error:")] == [line], result.stderr
+    assert result.stderr.splitlines()[-1] == line and "Traceback" not in result.stderr
+    assert "a_good.csv: ingested 5 rows (data version " in result.stdout
+    assert "pushed: data version " in result.stdout
+    assert (repo / "inbox" / "processed" / "a_good.csv").is_file()
+    assert (repo / "inbox" / "rejected" / "b_bad.csv").is_file() and report.is_file()
+    clean, status = dvc_clean(repo)
+    assert clean, status

@@ -404,12 +404,15 @@ def test_cli_success_and_rejection(repo):
     assert "cli_good.csv: ingested 4 rows (data version" in result.output
 
     bad = write_csv(repo / "inbox" / "cli_bad.csv", "user_id,item_id\nu,i\n")
+    report = repo.resolve() / "reports" / "ingest" / f"cli_bad-{ingest.file_sha256(bad)[:16]}.md"
     result = CliRunner().invoke(app, [str(bad), "--params", str(params)])
     assert result.exit_code == 1
     rejection = [line for line in result.output.splitlines() if "wrong schema" in line]
-    assert rejection == ["rejected cli_bad.csv: wrong schema: missing column(s) ['timestamp'] (rename them with "
-                         "ingest.column_mapping, or set ingest.extra_columns: drop)"], result.output
-    assert "report: " in result.output and "Traceback" not in result.output
+    assert rejection == [
+        "error: rejected 1 of 1 batch: cli_bad.csv: wrong schema: missing column(s) ['timestamp'] (rename "
+        "them with ingest.column_mapping, or set ingest.extra_columns: drop) (moved to "
+        f"{repo.resolve()}/inbox/rejected/, report: {report})"], result.output
+    assert report.is_file() and "Traceback" not in result.output
 
     # As the `recsys` command line wires it (recsys/cli.py): `recsys ingest PATH... --params FILE`.
     from recsys.cli import app as recsys_app
