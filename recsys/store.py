@@ -128,7 +128,7 @@ def write_part(
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(directory)
-    log.info("wrote store part %s (%d rows)", target, table.num_rows)
+    log.debug("wrote store part %s (%d rows)", target, table.num_rows)  # callers say what they wrote
     return target
 
 

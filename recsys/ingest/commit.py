@@ -154,7 +154,7 @@ def commit(
     journal.unlink()
     fsync_dir(where.pending)
     message = ingested_message(record)
-    log.info("%s: %s", source, message)
+    log.debug("%s: %s", source, message)  # the caller says it (the summary), once
     return IngestSummary(
         sha,
         source,

@@ -38,11 +38,14 @@ def recover(repo_root: str | Path, config: IngestConfig | None = None) -> list[s
     """
     where = paths(repo_root, config or IngestConfig())
     with workspace_lock(where.root):
-        return recover_locked(where)
+        actions = recover_locked(where)
+    for action in actions:  # a reader (`prepare`) says nothing else about it
+        log.warning("recovery: %s", action)
+    return actions
 
 
 def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
-    """`recover` for a caller that already holds the workspace lock."""
+    """`recover` for a caller that holds the workspace lock and says what was done itself (an ingest run)."""
     actions = []
     clear_scratch(paths)
     repair_manifest(paths.manifest)
@@ -74,7 +77,6 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
             action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
         journal.unlink()
         fsync_dir(paths.pending)
-        log.warning("recovery: %s", action)
         actions.append(action)
     return actions
 

@@ -94,7 +94,7 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         if push_error:
             raise PushFailed(str(push_error), run, push_error.transient)
     for action in run.actions:
-        log.info("ingest: %s", action)
+        log.debug("ingest: %s", action)  # the caller says it (`run.actions`), once
     return run
 
 
@@ -154,7 +154,7 @@ def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex)
             "validations": [v.to_dict() for v in rejection.validations],
         }
         validation.write_report(report, report_json, report_md)
-        log.warning("rejected %s: %s", path.name, summary.message)
+        log.debug("rejected %s: %s", path.name, summary.message)  # the caller says it, once
         return summary
     return commit(sha, path.name, planned, where, config, report_json, report_md, base, index)
 

@@ -56,6 +56,13 @@ def cli(repo, path=None, frame=None, fault=None):
     return subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, check=False)
 
 
+def repeated(result):
+    """The lines of a run's stderr that say again what its stdout said (as a log record, say): none, when each
+    thing is said once on the console."""
+    said = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    return [line for line in result.stderr.splitlines() if any(text in line for text in said)]
+
+
 def dvc_clean(repo):
     """`dvc status` (workspace vs data.dvc) and `dvc status -c` (cache vs remote) both report nothing."""
     local = json.loads(run([str(VENV_BIN / "dvc"), "status", "--json", "data.dvc"], repo))
@@ -85,6 +92,7 @@ def test_killed_at_each_boundary_then_rerun_converges_exactly_once(repo, fault):
     pending = path if path.exists() else repo / "inbox" / "processed" / "b.csv"
     again = cli(repo, pending)
     assert again.returncode == 0, again.stderr
+    assert repeated(again) == [], again.stdout + again.stderr  # what recovery did: said once, on stdout
     assert len(read_store(repo / "data")) == 42  # exactly once
     assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == ["h.csv", "b.csv"]
     clean, status = dvc_clean(repo)
@@ -155,6 +163,10 @@ def test_a_rejected_batch_fails_the_run_with_one_line_once_the_others_are_ingest
     assert result.stderr.splitlines()[-1] == line and "Traceback" not in result.stderr
     assert "a_good.csv: ingested 5 rows (data version " in result.stdout
     assert "pushed: data version " in result.stdout
+    # Each thing once: no INFO record repeats the stdout lines, no WARNING (or stdout line) the rejection.
+    console = result.stdout + result.stderr
+    assert repeated(result) == [] and console.count("b_bad.csv") == 1, console
+    assert "wrote store part" not in console, console
     assert (repo / "inbox" / "processed" / "a_good.csv").is_file()
     assert (repo / "inbox" / "rejected" / "b_bad.csv").is_file() and report.is_file()
     clean, status = dvc_clean(repo)
