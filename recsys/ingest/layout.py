@@ -110,12 +110,13 @@ def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | Non
     """The batch files a command line names, checked before anything is locked or moved; None when it names
     the inbox itself, which means every file in it. Each must be a file inside the inbox (a subfolder's too):
     anything else is a mistake on the command line, refused as one line, not a rejected batch."""
-    files = []
+    files, whole_inbox = [], False
     for name in names:
         path = Path(name)
         resolved = path.resolve()
         if resolved == where.inbox:
-            return None
+            whole_inbox = True
+            continue
         if not resolved.exists():
             raise IngestError(f"{path} does not exist; {_inbox_holds(where)}")
         if not resolved.is_relative_to(where.inbox):
@@ -129,7 +130,7 @@ def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | Non
             raise IngestError(f"{path} is not a regular file: ingest reads one file per batch (CSV, JSON "
                               "lines or Parquet)")
         files.append(path)
-    return files
+    return None if whole_inbox else files
 
 
 def _inbox_holds(where: Paths, shown: int = 5) -> str:

@@ -112,6 +112,10 @@ def test_naming_the_inbox_ingests_every_file_in_it(repo):
     """`recsys ingest inbox` said `rejected inbox: inbox is a folder: … move its files into the inbox one by
     one and remove the folder` — it told the user to delete the inbox."""
     write_frame(repo / "inbox" / "waiting.csv", events(5, start=200))
+    before = tree(repo)
+    refused = cli(repo, "inbox", "README.md")  # every other name is checked all the same
+    assert refused.returncode == 1 and refused.stderr.startswith("error: README.md is outside the inbox")
+    assert tree(repo) == before
     done = cli(repo, "inbox")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("waiting.csv: ingested 5 rows (data version "), done.stdout
