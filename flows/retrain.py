@@ -26,10 +26,10 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from flows.artifacts import publish_decision, publish_retrain
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import ConfigError, load_params
+from recsys.config import ConfigError, load_params, workspace_root
 from recsys.ingest.layout import needs_recovery
 from recsys.ingest.layout import paths as ingest_paths
-from recsys.layout import Layout, prune_resume_state, workspace_root
+from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
                                training_progress)

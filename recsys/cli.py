@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from recsys.config import load_params, validate_name
+from recsys.config import load_params, validate_name, workspace_root
 from recsys.entry import VERBOSE_ENV, report_user_error, usage_line, user_errors, verbose_requested
 from recsys.layout import DATA
 
@@ -185,7 +185,7 @@ def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> N
     """Make sure the raw store exists (`dvc pull` it, or generate the default dataset and version it) and
     write each model's warm source (as `recsys warm`): what `dvc repro` needs before it can run."""
     from recsys.bootstrap import ensure_raw_store
-    from recsys.layout import Layout, workspace_root
+    from recsys.layout import Layout
     from recsys.warm_source import resolve_warm_sources
 
     root = workspace_root(root, "--root")  # before the lock: nothing is created in a wrong folder

@@ -33,6 +33,19 @@ class ConfigError(ValueError):
     """params.yaml (or an override) is invalid; the message says which key and why."""
 
 
+def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
+    """The repository a command was pointed at (`option`), resolved; refused with one line before anything is
+    locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder)."""
+    path = Path(root).resolve()
+    if not path.is_dir():
+        raise ConfigError(f"{option} {root}: {'not a folder' if path.exists() else 'no such folder'}; name the "
+                          "repository (the folder with params.yaml and dvc.yaml)")
+    if not (path / PARAMS).is_file():
+        raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; name the repository (the folder with "
+                          f"{PARAMS} and dvc.yaml)")
+    return path
+
+
 def check_seed(seed: int, section: str) -> None:
     require(0 <= seed <= SEED_MAX, "seed", seed, f"in [0, {SEED_MAX}] (2**32 - 1)", section)
 

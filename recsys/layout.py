@@ -95,21 +95,6 @@ class Layout:
         return self.root / CURVE.format(model=model)
 
 
-def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
-    """The repository a command was pointed at (`option`), resolved; refused with one line before anything is
-    locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder)."""
-    from recsys.config import ConfigError
-
-    path = Path(root).resolve()
-    if not path.is_dir():
-        raise ConfigError(f"{option} {root}: {'not a folder' if path.exists() else 'no such folder'}; name the "
-                          "repository (the folder with params.yaml and dvc.yaml)")
-    if not (path / PARAMS).is_file():
-        raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; name the repository (the folder with "
-                          f"{PARAMS} and dvc.yaml)")
-    return path
-
-
 def resume_dir(resume_root: Path, model: str, run_key: str) -> Path:
     """Where the trainer keeps `model`'s state for one run key (config + data) between epochs."""
     return Path(resume_root) / f"{model}-{run_key}"

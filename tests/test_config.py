@@ -219,6 +219,7 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
     ({"ingest": {"timestamp_floor": -1}}, "ingest.timestamp_floor must be >= 0 (UTC seconds since 1970), "
                                           "got -1"),
     ({"ingest": {"max_future_skew_seconds": -1}}, "ingest.max_future_skew_seconds must be >= 0, got -1"),
+    ({"ingest": {"inbox": ""}}, "ingest.inbox must be a path relative to the repository root, got ''"),
     ({"ingest": {"quarantine": ""}}, "ingest.quarantine must be a path relative to the repository root, "
                                      "got ''"),
     ({"generate": {"n_users": 0}}, "generate.n_users must be >= 1, got 0"),

@@ -40,6 +40,7 @@ PROBE = textwrap.dedent("""
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.mallinfo2.restype = Info
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    logging.getLogger("recsys.device").setLevel(logging.DEBUG)  # (its note of the setting is a debug line)
     big = torch.ones(64 << 18)  # 64 MiB: over glibc's largest mmap threshold (32 MiB)
     del big
     if len(sys.argv) > 2 and sys.argv[2] == "--evaluate":  # the evaluate stage, as `python -m recsys.evaluate`
