@@ -24,7 +24,7 @@ from prefect.states import State
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import ensure_raw_store
-from recsys.config import ConfigError, IngestConfig, load_params
+from recsys.config import ConfigError, IngestConfig, load_params, workspace_root
 from recsys.entry import ArgumentParser
 from recsys.ingest.errors import BatchesRejected, rejection
 from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
@@ -45,7 +45,7 @@ def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
     ingest.inbox when given. A given inbox must be an existing folder: a typo would otherwise be an
     empty inbox and a run that says "nothing to ingest". Neither may be the repository or a folder the
     system owns (`check_inbox`)."""
-    config = load_params(Layout(Path(repo_root)).params).ingest
+    config = load_params(Layout(workspace_root(repo_root)).params).ingest
     if inbox is None:
         check_inbox(ingest_paths(repo_root, config), config)
         return config

@@ -335,7 +335,7 @@ def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
                         f"got {index:,}")
     later = dataclasses.replace(
         config,
-        seed=config.seed + 1000 * index,
+        seed=(config.seed + 1000 * index) % 2**32,  # (within generate.seed's range, whatever the index)
         n_users=max(1, config.n_users // 5),
         mean_events_per_user=max(5, config.mean_events_per_user // 4),
         start=(start + pd.Timedelta(days=config.days * index)).isoformat(),

@@ -79,7 +79,8 @@ class SASRecConfig:
 
     def __post_init__(self) -> None:
         check_transformer(self)
-        check_sizes(self, "n_negatives")
+        if self.loss == "sampled_ce":  # (read by no other loss: a checkpoint that set it unused still loads)
+            check_sizes(self, "n_negatives")
         check_residual(self.residual)
         require(0.0 <= self.item_dropout < 1.0, "item_dropout", self.item_dropout, "in [0, 1)")
         if self.weight_init not in ("normal", "xavier"):
@@ -111,7 +112,7 @@ class BERT4RecConfig:
 
     def __post_init__(self) -> None:
         check_transformer(self)
-        check_sizes(self, "ffn_dim", "n_negatives")
+        check_sizes(self, "ffn_dim", *(["n_negatives"] if self.loss == "sampled_ce" else []))  # (as SASRec's)
         check_residual(self.residual)
         if self.masking not in ("bernoulli", "exact"):
             raise ValueError(f"masking must be 'bernoulli' or 'exact', got {self.masking!r}")

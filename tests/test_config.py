@@ -127,14 +127,14 @@ SEED = "in [0, 4294967295] (2**32 - 1)"
     ({"sasrec": {"dropout": 1.5}}, "sasrec.dropout must be in [0, 1), got 1.5"),
     ({"sasrec": {"dropout": 1.0}}, "sasrec.dropout must be in [0, 1), got 1.0"),
     ({"sasrec": {"max_len": 0}}, "sasrec.max_len must be >= 1, got 0"),
-    ({"sasrec": {"n_negatives": 0}}, "sasrec.n_negatives must be >= 1, got 0"),
+    ({"sasrec": {"loss": "sampled_ce", "n_negatives": 0}}, "sasrec.n_negatives must be >= 1, got 0"),
     ({"sasrec": {"item_dropout": -0.1}}, "sasrec.item_dropout must be in [0, 1), got -0.1"),
     ({"bert4rec": {"dim": 0}}, "bert4rec.dim must be >= 1, got 0"),
     ({"bert4rec": {"n_heads": 3}}, "bert4rec.n_heads must be a divisor of dim (64), got 3"),
     ({"bert4rec": {"dropout": float("nan")}}, "bert4rec.dropout must be in [0, 1), got nan"),
     ({"bert4rec": {"max_len": -1}}, "bert4rec.max_len must be >= 1, got -1"),
     ({"bert4rec": {"ffn_dim": 0}}, "bert4rec.ffn_dim must be >= 1, got 0"),
-    ({"bert4rec": {"n_negatives": -8}}, "bert4rec.n_negatives must be >= 1, got -8"),
+    ({"bert4rec": {"loss": "sampled_ce", "n_negatives": -8}}, "bert4rec.n_negatives must be >= 1, got -8"),
     ({"bert4rec": {"mask_prob": 0.0}}, "bert4rec.mask_prob must be in (0, 1], got 0.0"),
     ({"bert4rec": {"last_item_share": 1.5}}, "bert4rec.last_item_share must be in [0, 1], got 1.5"),
     ({"mojito": {"n_layers": -1}}, "mojito.n_layers must be >= 1, got -1"),
@@ -174,6 +174,8 @@ def test_model_and_train_settings_out_of_range_name_the_dotted_key_the_value_and
                 "noise_init": 0.0, "long_weight": 0.0, "fism_items": 1, "fism_attention": 0.0}},
     {"mojito": {"fism_attention": 1.0}},
     {"train": {"seed": 0}}, {"train": {"seed": 2**32 - 1}}, {"train": {"lr": 0.0, "batch_size": 1}},
+    # n_negatives is read by sampled_ce alone: a checkpoint that set it unused must still load
+    {"sasrec": {"loss": "ce", "n_negatives": 0}}, {"bert4rec": {"loss": "ce", "n_negatives": 0}},
 ])
 def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
     parse_params(raw)

@@ -115,15 +115,19 @@ def test_a_given_inbox_must_be_a_folder_and_is_checked_before_anything_runs(
     ("nowhere", "--repo-root {root}/nowhere: no such folder"),
     ("sub", "--repo-root {root}/sub: {root}/sub holds no params.yaml"),
 ])
-def test_retrain_refuses_a_repo_root_that_is_not_a_repository_before_anything_runs(tmp_path, where, message):
-    """A file as --repo-root was a NotADirectoryError traceback; a subfolder, a missing params.yaml."""
-    from flows.retrain import retrain
+@pytest.mark.parametrize("flow_name", ["retrain", "ingest", "pipeline"])
+def test_a_flow_refuses_a_repo_root_that_is_not_a_repository_before_anything_runs(tmp_path, where, message,
+                                                                                   flow_name):
+    """A file as --repo-root was a NotADirectoryError traceback; a subfolder, a missing params.yaml (whose
+    line told the flows' user to pass a --params they do not have)."""
+    import importlib
 
+    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
     (tmp_path / "README.md").write_text("x")
     (tmp_path / "sub").mkdir()
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(ConfigError) as refused:
-        retrain.fn(repo_root=str(tmp_path / where))
+        flow.fn(repo_root=str(tmp_path / where))
     assert str(refused.value).startswith(message.format(root=tmp_path.resolve()))
     assert sorted(tmp_path.rglob("*")) == before
 

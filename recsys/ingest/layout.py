@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys.config import ConfigError, IngestConfig
+from recsys.config import ConfigError, IngestConfig, RegistryConfig
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PREPARED, RESUME, SCRATCH, WARM_DIR
 from recsys.workspace import STATE_DIR
@@ -99,6 +99,10 @@ def _owned(where: Paths) -> dict[Path, str]:
              root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository"}
     for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
         owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
+    # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root), by its defaults: a
+    # run reads only the ingest section, and a team's registry elsewhere is no folder of this repository.
+    owned.setdefault(root / Path(RegistryConfig.artifact_root).parts[0],
+                     "the model registry (registry.url, registry.artifact_root)")
     return {folder.resolve(): what for folder, what in owned.items()}
 
 

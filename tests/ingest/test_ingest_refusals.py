@@ -52,8 +52,7 @@ def cli(repo, *args):
 
 
 @pytest.mark.parametrize("inbox, why", [
-    ("''", "{repo} is the repository root"),
-    ("'.'", "{repo} is the repository root"),
+    ("'.'", "{repo} is the repository root"),  # (`''` is refused as params.yaml loads: tests/test_config.py)
     ("..", "{repo.parent} is a folder above the repository {repo}"),
     ("data", "{repo}/data is data/, the raw store"),
     (".dvc/cache", "{repo}/.dvc/cache lies in .dvc/, DVC's cache and configuration"),
@@ -61,6 +60,8 @@ def cli(repo, *args):
     (".ingest", "{repo}/.ingest is .ingest/, ingest's state and locks"),
     ("reports", "{repo}/reports holds reports/ingest/, ingest's reports (ingest.reports)"),
     ("artifacts/models", "{repo}/artifacts/models lies in artifacts/, the pipeline's outputs"),
+    ("registry", "{repo}/registry is registry/, the model registry "
+                 "(registry.url, registry.artifact_root)"),
 ], ids=lambda value: value if "{" not in value else "")
 @pytest.mark.parametrize("args", [[], ["README.md"]], ids=["whole inbox", "a file"])
 def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, inbox, why, args):
