@@ -11,8 +11,8 @@ from pathlib import Path
 def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path) -> None:
     """Replace `path` with `text` in one step: a temp file in `tmp_dir` (the same file system), fsync, rename,
     fsync the folder. A failure leaves the old file whole and no temp file; a kill, at most a temp file in
-    `tmp_dir` (a scratch folder that its next user empties), named with a leading dot: where `tmp_dir` is the
-    file's own folder (`recsys data batch` into the inbox), no scan of that folder takes it for a file of it."""
+    `tmp_dir` (a scratch folder that its next user empties), named with a leading dot: where `tmp_dir` is
+    the file's own folder (`recsys data batch` into the inbox), no scan of it takes that for a file of it."""
     path, tmp_dir = Path(path), Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f".{path.name}.{os.getpid()}.tmp"  # (hidden: an inbox scan skips dot files)

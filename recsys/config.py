@@ -38,8 +38,9 @@ def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
     locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder)."""
     path = Path(root).resolve()
     if not path.is_dir():
-        raise ConfigError(f"{option} {root}: {'not a folder' if path.exists() else 'no such folder'}; name the "
-                          "repository (the folder with params.yaml and dvc.yaml)")
+        what = "not a folder" if path.exists() else "no such folder"
+        raise ConfigError(f"{option} {root}: {what}; name the repository (the folder with params.yaml and "
+                          "dvc.yaml)")
     if not (path / PARAMS).is_file():
         raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; name the repository (the folder with "
                           f"{PARAMS} and dvc.yaml)")

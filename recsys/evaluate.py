@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     if not (paths.model_dir(name) / "model.json").is_file():  # before anything is loaded or allocated
         from recsys.checkpoint import CheckpointError
 
-        raise CheckpointError(f"{paths.model_dir(name)} holds no trained {name}: run `dvc repro train@{name}` "
-                              f"(or `recsys train --model {name}`) first")
+        raise CheckpointError(f"{paths.model_dir(name)} holds no trained {name}: run "
+                              f"`dvc repro train@{name}` (or `recsys train --model {name}`) first")
     train_config = params.train_config(name)  # where the model trains is where its test pass runs
     device = resolve_device(train_config.device)
     # The test pass's scoring batches free and allocate the same large blocks as validation does in training:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-
 import re
 
 import pytest
 import yaml
-
 from flow_support import modules_loaded_by
+
 from recsys.config import (
     DEFAULT_PARAMS,
     ConfigError,
@@ -94,15 +93,15 @@ def test_wrong_type_is_an_error(raw, where):
     ({"train": {"epochs": -1}}, "train.epochs must be >= 1 (whole epochs), got -1"),
     ({"train": {"epochs": 0}}, "train.epochs must be >= 1"),
     ({"train": {"patience": 0}}, "train.patience must be >= 1"),
-    ({"train": {"lr": -1.0}}, "train.lr must be a finite number >= 0 (0 = the weights stay as initialised), "
-                              "got -1.0"),
-    ({"train": {"lr": float("nan")}}, "train.lr must be a finite number >= 0 (0 = the weights stay as "
-                                      "initialised), got nan"),
-    ({"train": {"max_minutes": -5.0}}, "train.max_minutes must be a finite number >= 0 (0 = no time limit), "
-                                       "got -5.0"),
+    ({"train": {"lr": -1.0}}, ("train.lr must be a finite number >= 0 (0 = the weights stay as initialised), "
+                               "got -1.0")),
+    ({"train": {"lr": float("nan")}}, ("train.lr must be a finite number >= 0 (0 = the weights stay as "
+                                       "initialised), got nan")),
+    ({"train": {"max_minutes": -5.0}}, ("train.max_minutes must be a finite number >= 0 (0 = no time limit), "
+                                        "got -5.0")),
     ({"train": {"grad_clip": -1}}, "train.grad_clip must be a finite number >= 0 (0 = no clipping)"),
-    ({"train": {"weight_decay": float("inf")}}, "train.weight_decay must be a finite number >= 0 (0 = none), "
-                                                "got inf"),
+    ({"train": {"weight_decay": float("inf")}},
+     "train.weight_decay must be a finite number >= 0 (0 = none), got inf"),
     ({"sasrec": {"train": {"lr": -2.0}}}, "sasrec.train.lr must be a finite number >= 0"),
     ({"ingest": {"store": "raw"}}, ("ingest.store must be 'data' (the raw store data.dvc versions and dvc.yaml's "
                                     "prepare stage reads; the layout is fixed), got 'raw': remove the setting")),
@@ -155,8 +154,8 @@ SEED = "in [0, 4294967295] (2**32 - 1)"
     ({"train": {"batch_size": 0}}, "train.batch_size must be >= 1, got 0"),
     ({"train": {"lr_reference_batch": -1}}, "train.lr_reference_batch must be >= 1, got -1"),
     ({"bert4rec": {"train": {"epochs": 0}}}, "bert4rec.train.epochs must be >= 1 (whole epochs), got 0"),
-    ({"mojito": {"train": {"ema": 1.0}}}, "mojito.train.ema must be in [0, 1) (0 = off; the decay of the "
-                                          "weights' moving average per optimiser step), got 1.0"),
+    ({"mojito": {"train": {"ema": 1.0}}}, ("mojito.train.ema must be in [0, 1) (0 = off; the decay of the "
+                                           "weights' moving average per optimiser step), got 1.0")),
 ])
 def test_model_and_train_settings_out_of_range_name_the_dotted_key_the_value_and_the_range(raw, message):
     """Each was a traceback (or a misleading later error) when a model was built, or on every command."""
@@ -182,20 +181,20 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"gate": {"metric": "foo"}}, "gate.metric 'foo' is not a metric the evaluate stage writes: with "
-                                  "evaluate.ks [5, 10, 20] it must be one of ndcg@5, hr@5, ndcg@10, hr@10, "
-                                  "ndcg@20, hr@20, mrr"),
+    ({"gate": {"metric": "foo"}}, ("gate.metric 'foo' is not a metric the evaluate stage writes: with "
+                                   "evaluate.ks [5, 10, 20] it must be one of ndcg@5, hr@5, ndcg@10, hr@10, "
+                                  "ndcg@20, hr@20, mrr")),
     ({"gate": {"metric": "ndcg@15"}}, "gate.metric 'ndcg@15' is not a metric the evaluate stage writes"),
     ({"gate": {"metric": "NDCG@10"}}, "gate.metric 'NDCG@10' is not a metric the evaluate stage writes"),
-    ({"evaluate": {"ks": [5, 20]}}, "gate.metric 'ndcg@10' is not a metric the evaluate stage writes: "
-                                    "with evaluate.ks [5, 20] it must be one of ndcg@5, hr@5, ndcg@20, "
-                                    "hr@20, mrr"),
+    ({"evaluate": {"ks": [5, 20]}}, ("gate.metric 'ndcg@10' is not a metric the evaluate stage writes: "
+                                     "with evaluate.ks [5, 20] it must be one of ndcg@5, hr@5, ndcg@20, "
+                                    "hr@20, mrr")),
     ({"gate": {"alpha": 2}}, "gate.alpha must be in (0, 1) (the paired test's significance level), got 2.0"),
-    ({"gate": {"alpha": -1}}, "gate.alpha must be in (0, 1) (the paired test's significance level), "
-                              "got -1.0"),
+    ({"gate": {"alpha": -1}}, ("gate.alpha must be in (0, 1) (the paired test's significance level), "
+                               "got -1.0")),
     ({"gate": {"alpha": 0}}, "gate.alpha must be in (0, 1)"),
-    ({"gate": {"min_delta": -1}}, "gate.min_delta must be a finite number >= 0 (the gain over the baseline a "
-                                  "promotion needs), got -1.0"),
+    ({"gate": {"min_delta": -1}},
+     "gate.min_delta must be a finite number >= 0 (the gain over the baseline a promotion needs), got -1.0"),
     ({"gate": {"min_delta": float("nan")}}, "gate.min_delta must be a finite number >= 0"),
     ({"evaluate": {"ks": []}}, "evaluate.ks must be a non-empty list of cut-offs >= 1, got []"),
     ({"evaluate": {"ks": [0]}}, "evaluate.ks must be a non-empty list of cut-offs >= 1, got [0]"),
@@ -205,8 +204,8 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
     ({"evaluate": {"seed": -1}}, f"evaluate.seed must be {SEED}, got -1"),
     ({"prepare": {"test_quantile": 1.5}}, "prepare.test_quantile must be in (0, 1), got 1.5"),
     ({"prepare": {"valid_quantile": 0.0}}, "prepare.valid_quantile must be in (0, 1), got 0.0"),
-    ({"prepare": {"valid_quantile": 0.9, "test_quantile": 0.8}}, "prepare.test_quantile must be above "
-     "prepare.valid_quantile (0.9): the validation period ends where the test period starts, got 0.8"),
+    ({"prepare": {"valid_quantile": 0.9, "test_quantile": 0.8}}, ("prepare.test_quantile must be above "
+     "prepare.valid_quantile (0.9): the validation period ends where the test period starts, got 0.8")),
     ({"prepare": {"min_user_interactions": -1}}, "prepare.min_user_interactions must be >= 1, got -1"),
     ({"prepare": {"min_item_interactions": 0}}, "prepare.min_item_interactions must be >= 1, got 0"),
     ({"ingest": {"max_bad_row_share": 2}}, "ingest.max_bad_row_share must be in [0, 1], got 2.0"),
@@ -214,25 +213,25 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
     ({"ingest": {"max_unseen_item_share": 1.5}}, "ingest.max_unseen_item_share must be in [0, 1], got 1.5"),
     ({"ingest": {"min_rows": -1}}, "ingest.min_rows must be >= 1, got -1"),
     ({"ingest": {"min_rows": 0}}, "ingest.min_rows must be >= 1, got 0"),
-    ({"ingest": {"allowed_events": []}}, "ingest.allowed_events must be a non-empty list of event names, "
-                                         "got []"),
-    ({"ingest": {"allowed_events": ["view", ""]}}, "ingest.allowed_events must be a non-empty list of event "
-                                                   "names, got ['view', '']"),
-    ({"ingest": {"timestamp_floor": -1}}, "ingest.timestamp_floor must be >= 0 (UTC seconds since 1970), "
-                                          "got -1"),
+    ({"ingest": {"allowed_events": []}}, ("ingest.allowed_events must be a non-empty list of event names, "
+                                          "got []")),
+    ({"ingest": {"allowed_events": ["view", ""]}}, ("ingest.allowed_events must be a non-empty list of event "
+                                                    "names, got ['view', '']")),
+    ({"ingest": {"timestamp_floor": -1}}, ("ingest.timestamp_floor must be >= 0 (UTC seconds since 1970), "
+                                           "got -1")),
     ({"ingest": {"max_future_skew_seconds": -1}}, "ingest.max_future_skew_seconds must be >= 0, got -1"),
     ({"ingest": {"inbox": ""}}, "ingest.inbox must be a path relative to the repository root, got ''"),
-    ({"ingest": {"quarantine": ""}}, "ingest.quarantine must be a path relative to the repository root, "
-                                     "got ''"),
+    ({"ingest": {"quarantine": ""}}, ("ingest.quarantine must be a path relative to the repository root, "
+                                      "got ''")),
     ({"generate": {"n_users": 0}}, "generate.n_users must be >= 1, got 0"),
     ({"generate": {"n_users": -1}}, "generate.n_users must be >= 1, got -1"),
     ({"generate": {"n_items": 0}}, "generate.n_items must be >= 1, got 0"),
     ({"generate": {"mean_events_per_user": 0}}, "generate.mean_events_per_user must be >= 1, got 0"),
     ({"generate": {"n_clusters": 0}}, "generate.n_clusters must be >= 1, got 0"),
-    ({"generate": {"n_items": 5, "n_clusters": 8}}, "generate.n_clusters must be at most generate.n_items "
-                                                    "(5), got 8"),
-    ({"generate": {"start": "notadate"}}, "generate.start must be an ISO 8601 date and time such as "
-                                          "2024-01-01T00:00:00Z, got 'notadate'"),  # was a DateParseError
+    ({"generate": {"n_items": 5, "n_clusters": 8}}, ("generate.n_clusters must be at most generate.n_items "
+                                                     "(5), got 8")),
+    ({"generate": {"start": "notadate"}}, ("generate.start must be an ISO 8601 date and time such as "
+                                           "2024-01-01T00:00:00Z, got 'notadate'")),  # was a DateParseError
     ({"generate": {"days": 0}}, "generate.days must be >= 1, got 0"),  # was a ZeroDivisionError
     ({"generate": {"seed": -1}}, f"generate.seed must be {SEED}, got -1"),
     ({"registry": {"artifact_root": ""}}, "registry.artifact_root must be a folder path, got ''"),
@@ -362,8 +361,8 @@ def test_a_params_file_that_is_not_utf8_is_one_line_naming_the_byte_and_its_line
 
 
 @pytest.mark.parametrize("text, where", [
-    ("train: {epochs: 3\n", "line 2, column 1: expected ',' or '}', but got '<stream end>' (while parsing a "
-                            "flow mapping from line 1, column 8)"),
+    ("train: {epochs: 3\n", ("line 2, column 1: expected ',' or '}', but got '<stream end>' (while parsing a "
+                             "flow mapping from line 1, column 8)")),
     ("train:\n\tepochs: 3\n", "line 2, column 1: found character '\\t' that cannot start any token"),
     ("train: epochs: 3\n", "line 1, column 14: mapping values are not allowed here"),
 ])

@@ -28,6 +28,7 @@ from flow_support import (
     sigint_as_in_a_terminal,
     subprocess_env,
 )
+
 from recsys.ingest.layout import file_sha256
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -326,7 +327,8 @@ def test_a_deterministic_stage_failure_ends_the_flow_in_one_line_without_a_retry
     assert output.rstrip().splitlines()[-1].startswith("error: "), output[-2000:]
     # The line is said once at the end, not also in Prefect's ERROR report of the flow's exception: only the
     # task's and the flow's "Finished in state Failed(…)" lines carry it besides.
-    assert "Encountered exception" not in output and output.count("1000-core filter kept 0") == 3, output[-4000:]
+    assert "Encountered exception" not in output, output[-4000:]
+    assert output.count("1000-core filter kept 0") == 3, output[-4000:]
 
 
 def test_bad_params_end_the_flow_in_one_line(tmp_path):
@@ -382,7 +384,7 @@ def test_ctrl_c_stops_a_manual_flow_run_and_its_dvc_and_the_run_exits_in_one_lin
     with log.open("w") as out:
         flow = subprocess.Popen(cmd, cwd=repo, env=flow_env(tmp_path), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True,  # (a terminal's foreground group, in miniature)
-                                preexec_fn=sigint_as_in_a_terminal)
+                                preexec_fn=sigint_as_in_a_terminal)  # noqa: PLW1509 (one signal call)
     try:
         deadline, trainer, server = time.monotonic() + 600, None, None
         while trainer is None and time.monotonic() < deadline and flow.poll() is None:
@@ -440,7 +442,8 @@ def test_an_inbox_that_is_the_repository_is_refused_with_one_line_and_nothing_mo
     drop_batch(repo)
     before = tree(repo)
     cmd = [sys.executable, "-m", "flows.ingest", "--repo-root", str(repo), "--inbox", "."]
-    code, output = run_flow_process(cmd, repo, subprocess_env(tmp_path / "prefect-home"), tmp_path / "run.log")
+    env = subprocess_env(tmp_path / "prefect-home")
+    code, output = run_flow_process(cmd, repo, env, tmp_path / "run.log")
     assert code == 1, output[-4000:]
     line = f"error: inbox {repo} is the repository root: {NOT_AN_INBOX}"
     assert [text for text in output.splitlines() if text.startswith("error:")] == [line], output[-4000:]

@@ -244,8 +244,8 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
     unlabelled = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", " ",
                         "--params", str(params_path))
     assert unlabelled.exit_code == 2 and unlabelled.output.strip() == (
-        "error: recsys registry promote: --dataset-version is empty: leave it out for the DVC version of data/, "
-        "or give a label (see 'recsys registry promote --help')"), unlabelled.output
+        "error: recsys registry promote: --dataset-version is empty: leave it out for the DVC version of "
+        "data/, or give a label (see 'recsys registry promote --help')"), unlabelled.output
     with open_from(params_path) as reg:
         assert reg.list_versions() == []  # refused before anything was registered
     first = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", "seed",

@@ -805,7 +805,8 @@ def test_a_stage_interrupted_mid_training_says_so_in_one_line_and_resumes(tiny_p
     stage = subprocess.Popen([sys.executable, "-m", "recsys.train", "--model", "sasrec", "--params",
                               str(params), "--root", str(tmp_path)], cwd=tmp_path,
                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=sigint_as_in_a_terminal)  # noqa: PLW1509 (one signal call)
     try:
         deadline = time.monotonic() + 300
         while not _saved_states(tmp_path) and time.monotonic() < deadline:

@@ -254,8 +254,8 @@ def promote_command(
     from recsys.promotion import promote_candidate
 
     if dataset_version is not None and not dataset_version.strip():
-        refuse_usage("recsys registry promote", "--dataset-version is empty: leave it out for the DVC version "
-                                                "of data/, or give a label")
+        refuse_usage("recsys registry promote",
+                     "--dataset-version is empty: leave it out for the DVC version of data/, or give a label")
     url = None
     try:
         loaded = load_params(params)

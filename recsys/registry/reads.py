@@ -41,8 +41,8 @@ def held(latest: int | None) -> str:
     """What a registry holds, for a version that is not there."""
     if latest is None:
         return "the registry holds no versions yet"
-    return (f"the registry holds version{'s 1–' if latest > 1 else ' '}{latest}; `recsys registry list` shows "
-            "them")
+    versions = f"versions 1–{latest}" if latest > 1 else "version 1"
+    return f"the registry holds {versions}; `recsys registry list` shows them"
 
 
 class RegistryReads:

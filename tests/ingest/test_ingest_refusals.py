@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-
 from flow_support import NOT_AN_INBOX
-from recsys.ingest.layout import NOTHING_TO_INGEST
 from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, tree, write_frame
+
+from recsys.ingest.layout import NOTHING_TO_INGEST
 
 pytestmark = pytest.mark.slow
 PARAMS = "ingest:\n  inbox: {inbox}\n  max_unseen_item_share: 1.0\n"
@@ -60,8 +60,8 @@ def cli(repo, *args):
     (".ingest", "{repo}/.ingest is .ingest/, ingest's state and locks"),
     ("reports", "{repo}/reports holds reports/ingest/, ingest's reports (ingest.reports)"),
     ("artifacts/models", "{repo}/artifacts/models lies in artifacts/, the pipeline's outputs"),
-    ("registry", "{repo}/registry is registry/, the model registry "
-                 "(registry.url, registry.artifact_root)"),
+    ("registry", ("{repo}/registry is registry/, the model registry "
+                  "(registry.url, registry.artifact_root)")),
 ], ids=lambda value: value if "{" not in value else "")
 @pytest.mark.parametrize("args", [[], ["README.md"]], ids=["whole inbox", "a file"])
 def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, inbox, why, args):
@@ -78,12 +78,12 @@ def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, i
 
 @pytest.mark.parametrize("name, says", [
     ("inbox/batch.csv", "inbox/batch.csv does not exist; the inbox {inbox} holds sub/, waiting.csv"),
-    ("{outside}", "{outside} is outside the inbox {inbox}: move the file into the inbox, then ingest it from "
-                  "there"),
-    ("README.md", "README.md is outside the inbox {inbox}: move the file into the inbox, then ingest it from "
-                  "there"),
-    ("inbox/sub", "inbox/sub is a folder: ingest reads one file per batch (CSV, JSON lines or Parquet); name "
-                  "its files, or move them into the inbox itself"),
+    ("{outside}", ("{outside} is outside the inbox {inbox}: move the file into the inbox, then ingest it "
+                   "from there")),
+    ("README.md", ("README.md is outside the inbox {inbox}: move the file into the inbox, then ingest it "
+                   "from there")),
+    ("inbox/sub", ("inbox/sub is a folder: ingest reads one file per batch (CSV, JSON lines or Parquet); "
+                   "name its files, or move them into the inbox itself")),
 ], ids=["missing", "outside", "README.md", "a folder in the inbox"])
 def test_a_path_that_names_no_batch_in_the_inbox_is_refused_before_anything_is_touched(
         repo, tmp_path, name, says):
