@@ -45,6 +45,17 @@ def copy_repo(template: Path, target: Path) -> Path:
     return target
 
 
+def copy_with_its_remote(template: Path, tmp_path: Path) -> Path:
+    """`tmp_path/repo`, a copy of `template` whose remote is a copy of the template's (`template.parent/remote`:
+    what the template pushed is there), set in `.dvc/config` as `dvc remote modify` sets it, so that a test
+    can point it elsewhere and back the same way."""
+    repo = copy_repo(template, tmp_path / "repo")
+    remote = tmp_path / "remote"
+    run(["cp", "-r", str(template.parent / "remote"), str(remote)], tmp_path)
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(remote)], repo)
+    return repo
+
+
 def point_remote(repo: Path, remote: Path) -> Path:
     """Give a copied repository its own (empty) remote, through `.dvc/config.local` (no `dvc` process)."""
     remote.mkdir(parents=True, exist_ok=True)

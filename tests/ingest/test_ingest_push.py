@@ -11,12 +11,20 @@ import subprocess
 import sys
 
 import pytest
+from test_ingest_support import (
+    VENV_BIN,
+    config,
+    copy_with_its_remote,
+    events,
+    make_dvc_repo,
+    run,
+    write_frame,
+)
 
 from recsys import ingest
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.ingest.manifest import read_manifest
 from recsys.store import read_store
-from test_ingest_support import VENV_BIN, config, copy_repo, events, make_dvc_repo, run, write_frame
 
 pytestmark = pytest.mark.slow
 PARAMS = "ingest:\n  max_unseen_item_share: 1.0\n"
@@ -36,11 +44,7 @@ def template(tmp_path_factory):
 
 @pytest.fixture
 def repo(template, tmp_path):
-    repo = copy_repo(template, tmp_path / "repo")
-    remote = tmp_path / "remote"
-    run(["cp", "-r", str(template.parent / "remote"), str(remote)], tmp_path)
-    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(remote)], repo)
-    return repo
+    return copy_with_its_remote(template, tmp_path)
 
 
 def cli(repo, path=None, frame=None, fault=None):

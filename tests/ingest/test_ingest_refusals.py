@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from flow_support import NOT_AN_INBOX
-from test_ingest_support import VENV_BIN, copy_repo, events, make_dvc_repo, run, tree, write_frame
+from test_ingest_support import VENV_BIN, copy_with_its_remote, events, make_dvc_repo, tree, write_frame
 
 from recsys.ingest.layout import NOTHING_TO_INGEST
 
@@ -36,11 +36,7 @@ def template(tmp_path_factory):
 
 @pytest.fixture
 def repo(template, tmp_path):
-    repo = copy_repo(template, tmp_path / "repo")
-    remote = tmp_path / "remote"
-    run(["cp", "-r", str(template.parent / "remote"), str(remote)], tmp_path)
-    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(remote)], repo)
-    return repo
+    return copy_with_its_remote(template, tmp_path)
 
 
 def cli(repo, *args):

@@ -8,8 +8,15 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from dvc_support import (  # noqa: F401 (re-exported)
+    VENV_BIN,
+    copy_repo,
+    copy_with_its_remote,
+    make_dvc_repo,
+    run,
+    tree,
+)
 
-from dvc_support import VENV_BIN, copy_repo, make_dvc_repo, run, tree  # noqa: F401 (re-exported)
 from recsys.config import IngestConfig
 
 # Fixed clock-independent timestamps well inside [floor, now + skew].
