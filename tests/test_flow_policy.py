@@ -173,3 +173,16 @@ def test_an_inbox_that_is_no_inbox_is_refused_before_anything_runs(flow_name, se
         flow.fn(inbox=inbox, repo_root=str(repo))
     assert str(refused.value) == f"inbox {why.format(repo=repo)}: {NOT_AN_INBOX}"
     assert tree(repo) == before  # nothing bootstrapped, locked, moved or written
+
+
+def test_the_rejection_line_says_rejected_once_per_batch(tmp_path):
+    """The plan's reasons begin 'batch rejected: ', which the line ('rejected 1 of 2 batches: …') already says."""
+    from recsys.ingest.errors import rejection
+
+    summaries = [{"status": "ingested", "source": "a.csv", "message": "ok"},
+                 {"status": "rejected", "source": "b.csv", "report_markdown": "reports/ingest/b.md",
+                  "message": "batch rejected: it has 0 data rows, at least 1 required"}]
+    assert rejection(summaries, tmp_path / "inbox" / "rejected") == (
+        f"rejected 1 of 2 batches: b.csv: it has 0 data rows, at least 1 required (moved to "
+        f"{tmp_path}/inbox/rejected/, report: reports/ingest/b.md)")
+    assert rejection(summaries[:1], tmp_path) is None

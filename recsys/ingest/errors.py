@@ -50,7 +50,7 @@ def rejection(summaries: Sequence[Mapping[str, Any]], filed_in: Path) -> str | N
     rejected = [s for s in summaries if s["status"] == "rejected"]
     if not rejected:
         return None
-    each = "; ".join(f"{s['source']}: {s['message']}" + (
+    each = "; ".join(f"{s['source']}: {s['message'].removeprefix('batch rejected: ')}" + (
         f" (moved to {filed_in}/, report: {s['report_markdown']})" if s.get("report_markdown") else "")
         for s in rejected)
     return f"rejected {len(rejected)} of {len(summaries)} batch{'' if len(summaries) == 1 else 'es'}: {each}"
