@@ -61,8 +61,13 @@ def pipeline(
     else:  # the nightly run when nothing arrived: no ingest subflow run (a second of Prefect bookkeeping)
         get_run_logger().info(NOTHING_TO_INGEST)
         ingested = summarise({"summaries": [], "actions": []})
-    retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out,
-                        fan_out_idle_minutes=fan_out_idle_minutes)
+    try:
+        retrained = retrain(models=models, force=force, epochs=epochs, repo_root=repo_root, fan_out=fan_out,
+                            fan_out_idle_minutes=fan_out_idle_minutes)
+    except Exception:
+        if rejected is not None:  # the retrain's error ends the run: the rejection is said before it, not lost
+            get_run_logger().error("%s", rejected)
+        raise
     summary = {"ingest": {k: v for k, v in ingested.items() if k != "summaries"}, "retrain": retrained}
     if rejected is not None:
         rejected.result = summary

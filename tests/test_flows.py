@@ -331,6 +331,24 @@ def test_a_deterministic_stage_failure_ends_the_flow_in_one_line_without_a_retry
     assert output.count("1000-core filter kept 0") == 3, output[-4000:]
 
 
+def test_a_rejection_is_not_lost_when_the_pipeline_then_fails_to_retrain(tmp_path):
+    """The retrain's error is the run's last line; the batch rejected before it is said too (it was only in
+    the ingest subflow's Failed state line)."""
+    from recsys.store import read_store
+
+    repo = make_repo(tmp_path / "repo", {"prepare": {"min_user_interactions": 1000,
+                                                     "min_item_interactions": 1000}})
+    (repo / "inbox").mkdir(exist_ok=True)
+    (repo / "inbox" / "broken.csv").write_text(BROKEN)
+    n_events = len(read_store(repo / "data"))
+    code, output = run_flow_process([sys.executable, "-m", "flows.pipeline", "--repo-root", str(repo)], repo,
+                                    flow_env(tmp_path), tmp_path / "pipeline.log")
+    assert code == 1, output[-4000:]
+    assert _one_error_line(output).startswith(f"error: prepare: 1000-core filter kept 0 of {n_events:,} events")
+    said = [line for line in output.splitlines() if "ERROR" in line and rejected_line(repo, 1) in line]
+    assert said, output[-4000:]
+
+
 def test_bad_params_end_the_flow_in_one_line(tmp_path):
     repo = make_repo(tmp_path / "repo")
     params = (repo / "params.yaml").read_text()
