@@ -31,7 +31,7 @@ from results_md import mean_sd, replace_between, row_key, row_seed  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recsys.config import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
+from recsys.model_configs import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
 
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}  # a row's train settings this code still has
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"

@@ -1,4 +1,5 @@
-"""Each model's hyperparameters — its section of params.yaml — and whether it learns from weights.
+"""Each model's hyperparameters — its section of params.yaml — whether it learns from weights, and the
+training settings (`train:`, and each model's own `train:` block over it).
 
 Importable without PyTorch, on purpose: every flow run, `recsys` command and stage parses params.yaml, and a
 run that builds no model (a scheduled run when nothing new arrived) must not pay seconds to load torch for
@@ -180,3 +181,129 @@ def retired_value(model: str, raw: dict) -> tuple[str, object, str] | None:
         if raw.get(key) == value:
             return key, value, why
     return None
+
+
+SEED_MAX = 2**32 - 1  # the largest seed numpy's global generator takes (the trainer seeds it)
+
+
+def check_seed(seed: int, section: str) -> None:
+    require(0 <= seed <= SEED_MAX, "seed", seed, f"in [0, {SEED_MAX}] (2**32 - 1)", section)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 200
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    patience: int = 10
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Stop after this many minutes even if validation still improves (0 = no limit); the best checkpoint
+    # so far is kept, so the run stays honest, just shorter.
+    max_minutes: float = 0.0
+    grad_clip: float = 5.0
+    # Validation targets per scoring batch; 0 = auto: 512 on a CPU, on CUDA as many as fit 2^28 elements of
+    # the model's score table (recsys.ranking.scoring_batch_size).
+    eval_batch_size: int = 0
+    progress: Literal["auto", "on", "off"] = "auto"
+    # Learning rate × lr_decay after lr_decay_patience epochs without a new best validation NDCG@10
+    # (1.0 = constant learning rate). Early stopping still counts from the last improvement.
+    lr_decay: float = 1.0
+    lr_decay_patience: int = 5
+    # Linear learning-rate warm-up over this many optimiser steps (0 = none).
+    warmup_steps: int = 0
+    # The rate over a run of `epochs` epochs, set at the start of each epoch: "constant", or decayed from
+    # `lr` in epoch 1 towards lr × lr_final after epoch `epochs` along a "cosine" or "linear" curve (a
+    # budgeted run: set `epochs` to the budget, and patience to it or more). A pure function of the epoch,
+    # so a resumed run continues the same curve; warm-up and lr_decay act on top of it.
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    lr_final: float = 0.0
+    # Early stopping may not end a cold run before this epoch (a slow start is not a plateau); a warm start
+    # has its own floor, warm_min_epochs.
+    min_epochs: int = 0
+    # `lr` is the rate at batch size `lr_reference_batch`; another batch size scales it by
+    # (batch_size / lr_reference_batch) ** {none: 0, sqrt: 0.5, linear: 1} (large GPU batches).
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"
+    lr_reference_batch: int = 128
+    # Training sequences per user: "last" = the newest max_len + 1 training events (the SASRec reference);
+    # "all" = the whole training history in windows of max_len + 1 events (recsys.sequences.train_spans).
+    windows: Literal["last", "all"] = "last"
+    # How an epoch's spans form batches: "bucketed" = similar lengths together (least padding: the cheapest
+    # epoch on CPU), "random" = uniform batches (every target weighs the same in expectation; issue 11).
+    batching: Literal["bucketed", "random"] = "bucketed"
+    # Each optimiser step runs as this many length-sorted micro-batches whose gradients add up to the whole
+    # batch's (recsys.sequences.micro_batches): the same update with less padding. 0 = auto: 8 on a CPU
+    # (a uniform ML-100K epoch 1.9–2.3 × cheaper), 1 on CUDA.
+    micro_batches: int = 0
+    # Where training starts (recsys/warm.py): "cold" = a fresh initialisation; "warm" = the registry
+    # champion's weights (same model family and shapes, or the stage stops and says what differs); "auto" =
+    # warm when the champion is compatible, else cold with the reason logged — and cold anyway for every
+    # `warm_cold_every`-th version of a warm-started line (0 = never) or when the catalogue grew by more
+    # than `warm_max_catalogue_growth` (new items / the champion's items).
+    init: Literal["cold", "warm", "auto"] = "cold"
+    warm_cold_every: int = 5
+    warm_max_catalogue_growth: float = 0.2
+    # A warm start's epoch floor: `min_epochs` is for cold starts (a slow start from random weights is not a
+    # plateau); a warm start begins near its optimum and the cold floor would make it as long as a cold run.
+    warm_min_epochs: int = 0
+    # Share of the champion's weights a warm start keeps: every carried-over tensor becomes
+    # warm_keep × champion + (1 − warm_keep) × this run's fresh initialisation ("shrink and perturb", Ash &
+    # Adams 2020, with the perturbation drawn from the model's own initialiser). 1 = the champion as it is.
+    warm_keep: float = 1.0
+    # Train at one fixed shape (full-width batches of batch_size rows, padding masked in the loss) and, on
+    # CUDA, capture the step once as a CUDA graph and replay it: the step no longer waits for the host
+    # (recsys/step_graph.py). Models with loss ce; one process; micro_batches 0 or 1. On a CPU the same step
+    # runs eagerly, at full width (slower than micro-batches there).
+    cuda_graph: bool = False
+    # Exponential moving average of the weights, updated after every optimiser step with this decay (0 =
+    # off; 0.99 averages over roughly the last 100 steps). Validation, the best checkpoint and so the test
+    # score the averaged weights; the optimiser keeps stepping the raw ones.
+    ema: float = 0.0
+    # How the process's C allocator treats the tensors a CPU step frees (glibc on Linux; elsewhere nothing
+    # changes): "retain" keeps freed memory in the process for the next step instead of handing every large
+    # block back to the kernel and faulting it in again (recsys.device.retain_cpu_memory; ML-100K SASRec:
+    # validation 39 % and the whole run 11 % faster, benchmarks/RESULTS.md); "system" leaves the C library's
+    # defaults. The trainer and the evaluate stage (its test pass) apply it. Speed only: the same numbers
+    # either way.
+    cpu_allocator: Literal["retain", "system"] = "retain"
+
+    @property
+    def effective_lr(self) -> float:
+        power = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}[self.lr_scaling]
+        return self.lr * (self.batch_size / self.lr_reference_batch) ** power
+
+    def schedule_factor(self, epoch: int) -> float:
+        """`lr_schedule`'s share of the rate in `epoch` (1-based): lr_final + (1 − lr_final)·f(t), t = (epoch −
+        1) / epochs, f falling from 1 at t = 0 to 0 at t = 1 — reached after the last epoch, so none trains at
+        lr_final itself (PyTorch's CosineAnnealingLR with T_max = epochs, stepped once an epoch). 1 for
+        "constant"."""
+        if self.lr_schedule == "constant":
+            return 1.0
+        t = min(max(epoch - 1, 0) / self.epochs, 1.0)
+        f = 0.5 * (1.0 + math.cos(math.pi * t)) if self.lr_schedule == "cosine" else 1.0 - t
+        return self.lr_final + (1.0 - self.lr_final) * f
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "patience"):
+            require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1 (whole epochs)", "train")
+        for name in ("lr", "max_minutes", "grad_clip", "weight_decay"):
+            zero = {"lr": "the weights stay as initialised", "max_minutes": "no time limit",
+                    "grad_clip": "no clipping", "weight_decay": "none"}[name]
+            value = getattr(self, name)
+            require(0.0 <= value < math.inf, name, value, f"a finite number >= 0 (0 = {zero})", "train")
+        require(0.0 < self.lr_decay <= 1.0, "lr_decay", self.lr_decay, "in (0, 1]", "train")
+        require(0.0 <= self.lr_final <= 1.0, "lr_final", self.lr_final, "in [0, 1] (the share of train.lr "
+                "that lr_schedule decays to by the end of the last epoch)", "train")
+        check_sizes(self, "lr_decay_patience", "batch_size", "lr_reference_batch", section="train")
+        for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):
+            require(getattr(self, name) >= 0, name, getattr(self, name), ">= 0", "train")
+        require(self.warm_cold_every >= 0, "warm_cold_every", self.warm_cold_every,
+                ">= 0 (0 = never forced cold)", "train")
+        growth = self.warm_max_catalogue_growth
+        require(growth >= 0.0, "warm_max_catalogue_growth", growth, ">= 0", "train")
+        require(0.0 < self.warm_keep <= 1.0, "warm_keep", self.warm_keep, "in (0, 1] (1 = the champion's "
+                "weights as they are; a smaller share blends in a fresh initialisation)", "train")
+        require(0.0 <= self.ema < 1.0, "ema", self.ema, "in [0, 1) (0 = off; the decay of the weights' "
+                "moving average per optimiser step)", "train")
+        check_seed(self.seed, "train")

@@ -27,13 +27,14 @@ import numpy as np
 import torch
 
 from recsys.checkpoint import save_checkpoint
-from recsys.config import ConfigError, TrainConfig
+from recsys.config import ConfigError
 from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
 from recsys.layout import RESUME, Layout
 from recsys.metrics import per_user_metrics
+from recsys.model_configs import TrainConfig
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from recsys.checkpoint import CheckpointError, read_meta, remove_stale_temp_dirs, replace_dir
-from recsys.config import ConfigError, TrainConfig
+from recsys.config import ConfigError
 from recsys.layout import WARM_SOURCE_FILE
+from recsys.model_configs import TrainConfig
 
 if TYPE_CHECKING:
     import torch

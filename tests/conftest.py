@@ -19,10 +19,11 @@ import prefect.main  # noqa: F401  (see below)
 import pytest
 import torch
 import yaml
-
 from dvc_support import copy_repo, make_dvc_repo, point_remote
 from flow_support import REPO_ROOT, merge_params
-from recsys.config import GenerateConfig, PrepareConfig, TrainConfig
+
+from recsys.config import GenerateConfig, PrepareConfig
+from recsys.model_configs import TrainConfig
 
 # Prefect's logging configuration, applied when it is first loaded, binds a console handler on the root logger
 # to the sys.stderr of that moment (`import prefect` alone loads nothing: Prefect 3 loads lazily, and the

@@ -48,7 +48,7 @@ PROBE = textwrap.dedent("""
         evaluate.main(sys.argv[3:])
         applied = cpu_memory_retained()
     elif len(sys.argv) > 2:  # through the trainer, as `python -m recsys.train` takes it
-        from recsys.config import TrainConfig
+        from recsys.model_configs import TrainConfig
         from recsys.model_configs import MostPopConfig
         from recsys.train import train_model
         train_model("mostpop", MostPopConfig(), TrainConfig(device="cpu", progress="off",

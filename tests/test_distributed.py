@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from flow_support import REPO_ROOT
+
 from recsys.distributed import DistributedError, World, current_world, shard_batches, torchrun_session
 from recsys.entry import is_user_error
 from recsys.sequences import bucketed_batch_rows, micro_batches, random_batch_rows
@@ -174,13 +174,15 @@ def files_under(root) -> set[str]:
 
 @pytest.mark.slow
 def test_torchrun_with_two_processes_trains_like_one_process(tiny_prepared, write_params, tmp_path):
+    from test_train import CHECKPOINT_FILES, read_curve
+
     from recsys import train
     from recsys.checkpoint import load_model
-    from recsys.config import EvaluateConfig, TrainConfig
+    from recsys.config import EvaluateConfig
     from recsys.evaluate import evaluate_model
+    from recsys.model_configs import TrainConfig
     from recsys.models.mostpop import MostPopConfig
     from recsys.prepare import save
-    from test_train import CHECKPOINT_FILES, read_curve
 
     params = write_params({"train": {"epochs": 5, "patience": 5}})
     roots = {name: tmp_path / name for name in ("ddp", "single")}
@@ -235,8 +237,9 @@ with torchrun_session():
 def test_torchrun_trains_every_model(tiny_prepared_dir, write_params, tmp_path):
     """MostPop has nothing to train: every rank counts, rank 0 writes. BERT4Rec and MOJITO train under DDP
     (SASRec: the test above)."""
-    from recsys.checkpoint import load_model
     from test_train import read_curve
+
+    from recsys.checkpoint import load_model
 
     models = ["mostpop", "bert4rec", "mojito"]
     params = write_params({"train": {"epochs": 2}, **{m: {"train": {"epochs": 2}} for m in models}})

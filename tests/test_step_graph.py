@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from recsys.config import ConfigError, TrainConfig
-from recsys.model_configs import MODEL_CONFIGS
+from recsys.config import ConfigError
+from recsys.model_configs import MODEL_CONFIGS, TrainConfig
 from recsys.models import build_model
 from recsys.models.bert4rec import full_sequences
 from recsys.models.losses import kept_first

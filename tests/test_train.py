@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from recsys.checkpoint import CheckpointError, load_model, save_checkpoint
-from recsys.config import EvaluateConfig, PrepareConfig, TrainConfig
+from recsys.config import EvaluateConfig, PrepareConfig
 from recsys.evaluate import evaluate_model
+from recsys.model_configs import TrainConfig
 from recsys.models.base import Batch
 from recsys.models.mostpop import MostPopConfig
 from recsys.models.sasrec import SASRec

@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from recsys.checkpoint import CheckpointError, save_checkpoint
-from recsys.config import ConfigError, TrainConfig
+from recsys.config import ConfigError
 from recsys.lineage import describe_init
+from recsys.model_configs import TrainConfig
 from recsys.models import build_model
 from recsys.models.bert4rec import BERT4RecConfig
 from recsys.models.mojito import MojitoConfig
