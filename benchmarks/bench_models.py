@@ -44,7 +44,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results_md import claimed, mean_sd, replace_between, row_key, row_seed  # noqa: E402,F401 (bench_stream takes replace_between from here)
+from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between from here)
+    claimed, mean_sd, replace_between, row_key, row_seed)
 
 from recsys.config import ConfigError, build_dataclass, load_params  # noqa: E402
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
@@ -52,11 +53,7 @@ from recsys.device import resolve_device  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
-from recsys.model_configs import (  # noqa: E402
-    SEED_MAX,
-    TRAINABLE,  # noqa: E402
-    TrainConfig,
-)
+from recsys.model_configs import SEED_MAX, TRAINABLE, TrainConfig  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.train import train_model  # noqa: E402
 
