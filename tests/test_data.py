@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 import zipfile
 from pathlib import Path
 
@@ -327,3 +328,26 @@ def test_bootstrap_knows_the_files_the_seed_is_written_as(tmp_path):
     write_store(generate(GenerateConfig(n_users=20, n_items=15, mean_events_per_user=6)), tmp_path)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == sorted(_seed_names())
+
+
+def test_an_atomic_write_removes_what_a_killed_writer_left(tmp_path):
+    """A kill between a writer's temp file and its rename leaves `.<name>.<pid>.tmp`; the next write of that
+    file removes it. A temp file of a writer that still runs, and other files' temp files, are left alone."""
+    import subprocess
+
+    from recsys.atomic import write_text_atomic
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    killed = tmp_path / f".items.csv.{int(ended.stdout)}.tmp"
+    other = tmp_path / f".users.csv.{int(ended.stdout)}.tmp"
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as living:
+        running = tmp_path / f".items.csv.{living.pid}.tmp"
+        for leftover in (killed, other, running):
+            leftover.write_text("half")
+        try:
+            write_text_atomic(tmp_path / "items.csv", "item_id\n1\n", tmp_path)
+        finally:
+            living.kill()
+    assert (tmp_path / "items.csv").read_text() == "item_id\n1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["items.csv", other.name, running.name])
