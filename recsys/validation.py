@@ -111,6 +111,9 @@ def _gx_context() -> Any:
             import great_expectations as gx
             from great_expectations.data_context.types.base import ProgressBarsConfig
 
+            # Its creation announces, at INFO, a temp folder for a docs site this system never builds: a
+            # flow's console (`flows.errors.run_main` logs at INFO) would show it on every ingest.
+            logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
             context = gx.get_context(mode="ephemeral")
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
             source = context.data_sources.add_pandas("ingest")

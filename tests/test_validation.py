@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -139,3 +140,23 @@ def test_report_json_and_markdown(tmp_path):
 def test_missing_suite_file_is_a_setup_error(tmp_path):
     with pytest.raises(validation.ValidationSetupError, match="not found"):
         validation.load_suite_json("interactions_batch", tmp_path)
+
+
+def test_a_validation_logs_nothing_at_info_about_folders_it_never_uses():
+    """A flow's console shows INFO: GX's "Created temporary directory ... for ephemeral docs site" (a folder
+    this system never builds) is not among its lines. In a fresh process: the context is made once per process."""
+    import subprocess
+    import sys
+
+    script = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+              "from tests.test_validation import PARAMS, typed\n"
+              "from recsys import validation\n"
+              "validation.run_suite(validation.BATCH_SUITE, typed([]), PARAMS)\n"
+              "print('validated')\n")
+    from recsys.config import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                          env={**os.environ, "GX_ANALYTICS_ENABLED": "false"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "validated"
+    assert "Created temporary directory" not in done.stderr
