@@ -4,7 +4,6 @@ Standard library only, so a light entry point (the flows' nothing-new run) can u
 
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 
@@ -14,10 +13,10 @@ def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path) -> None:
     fsync the folder. A failure leaves the old file whole and no temp file; a kill, at most a temp file in
     `tmp_dir` (a scratch folder that its next user empties), named with a leading dot: where `tmp_dir` is
     the file's own folder (`recsys data batch` into the inbox), no scan of it takes that for a file of it.
-    The next write of the same file removes what a killed writer left (its process is gone)."""
+    The next write into `tmp_dir` removes what a killed writer left there (its process is gone)."""
     path, tmp_dir = Path(path), Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    _remove_orphans(path.name, tmp_dir)
+    _remove_orphans(tmp_dir)
     tmp = tmp_dir / f".{path.name}.{os.getpid()}.tmp"  # (hidden: an inbox scan skips dot files)
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -31,12 +30,12 @@ def write_text_atomic(path: str | Path, text: str, tmp_dir: str | Path) -> None:
     fsync_dir(path.parent)
 
 
-def _remove_orphans(name: str, tmp_dir: Path) -> None:
-    """Delete the temp files of `name` whose writer no longer runs (a writer that is still running keeps its
-    own; this process's name is about to be overwritten anyway)."""
-    prefix = f".{name}."
-    for leftover in tmp_dir.glob(f".{glob.escape(name)}.*.tmp"):
-        pid = leftover.name[len(prefix):-len(".tmp")]
+def _remove_orphans(tmp_dir: Path) -> None:
+    """Delete the temp files in `tmp_dir` whose writer no longer runs: a killed `recsys data batch 1` is
+    followed by `data batch 2` as often as by itself. A writer that still runs keeps its own (this process's
+    would be overwritten anyway)."""
+    for leftover in tmp_dir.glob(".*.tmp"):
+        pid = leftover.name[:-len(".tmp")].rpartition(".")[2]
         if pid.isdigit() and not _running(int(pid)):
             leftover.unlink(missing_ok=True)
 

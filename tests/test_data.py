@@ -331,8 +331,9 @@ def test_bootstrap_knows_the_files_the_seed_is_written_as(tmp_path):
 
 
 def test_an_atomic_write_removes_what_a_killed_writer_left(tmp_path):
-    """A kill between a writer's temp file and its rename leaves `.<name>.<pid>.tmp`; the next write of that
-    file removes it. A temp file of a writer that still runs, and other files' temp files, are left alone."""
+    """A kill between a writer's temp file and its rename leaves `.<name>.<pid>.tmp`; the next write into that
+    folder removes it, whichever file it writes (`data batch 1` killed, then `data batch 2`). A temp file of a
+    writer that still runs, and files of other names, are left alone."""
     import subprocess
 
     from recsys.atomic import write_text_atomic
@@ -343,11 +344,12 @@ def test_an_atomic_write_removes_what_a_killed_writer_left(tmp_path):
     other = tmp_path / f".users.csv.{int(ended.stdout)}.tmp"
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as living:
         running = tmp_path / f".items.csv.{living.pid}.tmp"
-        for leftover in (killed, other, running):
+        for leftover in (killed, other, running, tmp_path / "notes.tmp", tmp_path / ".hidden.tmp"):
             leftover.write_text("half")
         try:
             write_text_atomic(tmp_path / "items.csv", "item_id\n1\n", tmp_path)
         finally:
             living.kill()
     assert (tmp_path / "items.csv").read_text() == "item_id\n1\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["items.csv", other.name, running.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["items.csv", running.name, "notes.tmp",
+                                                                 ".hidden.tmp"])
