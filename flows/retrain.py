@@ -35,7 +35,8 @@ from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_
                                training_progress)
 from recsys.faults import fault_point
 from recsys.entry import ArgumentParser, positive_float, positive_int
-from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head
+from recsys.fanout import (FORCE_REFUSED, IDLE_MINUTES, check_deployment_name, check_fan_out,
+                           committed_head)
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -180,10 +181,14 @@ def retrain(
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]
-    stale = stale_stages(str(root), targets)
-    logger.info("stale stages: %s%s", ", ".join(stale) or "none",
-                f" (--epochs {epochs} retrains every selected model)" if epochs is not None else
-                " (--force reruns every selected model)" if force else "")
+    if epochs is None:
+        stale = stale_stages(str(root), targets)
+        logger.info("stale stages: %s%s", ", ".join(stale) or "none",
+                    " (--force reruns every selected model)" if force else "")
+    else:  # what is stale then depends on the override, which only the run applies (under the lock)
+        stale = []
+        logger.info("--epochs %d: %s", epochs, "--force reruns every selected model" if force else
+                    "DVC reruns each selected model whose last run had other epochs or other inputs")
     ran = []
     if stale or force or epochs is not None:
         ran = (fan_out_stages(str(root), selected, fan_out, commit, epochs, fan_out_idle_minutes) if fan_out
@@ -213,9 +218,26 @@ def retrain(
     }
 
 
+def deployment_name(text: str) -> str:
+    """argparse type of `--fan-out`: refused as a command line that does not parse (exit 2), before a flow run
+    is created, rather than as a run that fails (the flow checks again what a UI or API run passes)."""
+    try:
+        check_deployment_name(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def check_fan_out_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the command line alone shows fan-out cannot do, refused before a flow run is created."""
+    if args.fan_out and args.force:
+        parser.error(FORCE_REFUSED.replace("fan_out", "--fan-out"))
+
+
 def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--fan-out` and `--fan-out-idle-minutes`, for this flow's command line and the pipeline's."""
-    parser.add_argument("--fan-out", metavar="DEPLOYMENT",
+    """`--fan-out` and `--fan-out-idle-minutes`, for this flow's command line and the pipeline's (which then
+    call `check_fan_out_arguments`)."""
+    parser.add_argument("--fan-out", metavar="DEPLOYMENT", type=deployment_name,
                         help="train each model as a run of this train-model deployment on a worker pool")
     parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=IDLE_MINUTES, metavar="MINUTES",
                         help=f"with --fan-out: give up when no worker has taken any run for this long "
@@ -231,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     add_fan_out_arguments(parser)
     args = parser.parse_args(argv)
+    check_fan_out_arguments(parser, args)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
                                        repo_root=args.repo_root, fan_out=args.fan_out,
                                        fan_out_idle_minutes=args.fan_out_idle_minutes), args.verbose)

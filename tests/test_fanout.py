@@ -353,6 +353,27 @@ def test_the_idle_limit_is_parsed_strictly(module, bad, capsys):
 
 
 @pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
+@pytest.mark.parametrize("argv, refusal", [
+    (["--fan-out", "worker"], "argument --fan-out: fan_out must name a deployment as <flow>/<deployment>"),
+    (["--fan-out", "train-model/"], "argument --fan-out: fan_out must name a deployment as <flow>/<deployment>"),
+    (["--fan-out", "train-model/worker", "--force"], "--force cannot be combined with --fan-out"),
+])
+def test_what_the_command_line_shows_fan_out_cannot_do_is_refused_before_a_flow_run(module, argv, refusal,
+                                                                                   capsys, monkeypatch):
+    """As a command line that does not parse (exit 2): no flow run is created to fail on the server."""
+    import importlib
+
+    imported = importlib.import_module(module)
+    monkeypatch.setattr(imported, "run_main", lambda *a, **k: pytest.fail("a flow run was started"))
+    with pytest.raises(SystemExit) as done:
+        imported.main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert refusal in err and f"python -m {module} --help" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
 @pytest.mark.parametrize("bad", ["0", "-3", "2.0", "²", "soon"])
 def test_the_epochs_override_is_parsed_strictly(module, bad, capsys):
     import importlib

@@ -249,6 +249,9 @@ def test_a_run_killed_after_an_epochs_override_repro_has_params_put_back_by_the_
     code, output = run_flow_process([*cmd, "--epochs", "1"], repo, {**env, "RECSYS_FAULT": "after_repro"},
                                     tmp_path / "crash.log")
     assert code != 0 and "injected fault at after_repro" in output, output[-3000:]
+    # What is stale under an override is only known under it: no list computed without it, no promise.
+    assert "--epochs 1: DVC reruns each selected model whose last run had other epochs" in output
+    assert "stale stages" not in output
     assert (repo / "params.yaml").read_bytes() != params_before  # what the kill left
     code, output = run_flow_process(cmd, repo, env, tmp_path / "rerun.log")
     assert code == 0, output[-4000:]
