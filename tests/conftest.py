@@ -12,6 +12,8 @@ import os
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+# A registry URL from the shell that runs the tests would redirect every registry they open.
+os.environ.pop("RECSYS_REGISTRY_URL", None)
 
 from pathlib import Path
 

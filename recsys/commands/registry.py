@@ -65,6 +65,8 @@ def describe(err: Exception, doing: str, url: str | None = None) -> str:
     with the driver's first line only (never the SQL statement, parameters or a traceback)."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from recsys.registry.db import masked_url
+
     if not isinstance(err, SQLAlchemyError):
         return str(err)
     orig = getattr(err, "orig", None)
@@ -72,17 +74,8 @@ def describe(err: Exception, doing: str, url: str | None = None) -> str:
     detail = lines[0].strip() if lines else type(err).__name__
     if orig is None:
         detail = detail.split(" [SQL:")[0].split("(Background on this error")[0].strip()
-    where = f" (registry {_safe_url(url)})" if url else ""
+    where = f" (registry {masked_url(url)})" if url else ""
     return f"{doing}: the registry database failed{where}: {detail}"
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL is reported by open_registry itself
-        return "?"
 
 
 @contextmanager
@@ -90,12 +83,12 @@ def open_from_params(params_path: Path, doing: str = "registry",
                      read_only: bool = False) -> Iterator:  # type: ignore[type-arg]
     """The registry named in params.yaml; an expected failure becomes one line naming `doing`, exit 1.
     `read_only`: a command that only reads creates no registry file (`open_registry`)."""
-    from recsys.registry import open_registry
+    from recsys.registry import open_registry, registry_url
 
     url = None
     try:
         params = load_params(params_path)
-        url = params.registry.url
+        url = registry_url(params.registry)
         registry = open_registry(params.registry, Path(params_path).resolve().parent, params.gate, read_only)
     except expected_errors() as err:
         fail(describe(err, doing, url))
@@ -252,6 +245,7 @@ def promote_command(
     printed and recorded.
     """
     from recsys.promotion import promote_candidate
+    from recsys.registry import registry_url
 
     if dataset_version is not None and not dataset_version.strip():
         refuse_usage("recsys registry promote",
@@ -259,7 +253,7 @@ def promote_command(
     url = None
     try:
         loaded = load_params(params)
-        url = loaded.registry.url
+        url = registry_url(loaded.registry)
         decision = promote_candidate(Path(params).resolve().parent, loaded, model, baseline=baseline,
                                      dataset_version=dataset_version)
     except expected_errors() as err:

@@ -6,7 +6,7 @@
 Lineage capture and the pipeline's promotion step live beside it (`recsys.lineage`, `recsys.promotion`).
 """
 
-from recsys.registry.core import Registry, open_registry
+from recsys.registry.core import REGISTRY_URL_ENV, Registry, open_registry, registry_url
 from recsys.registry.records import (
     BASELINE_ROLE,
     EventInfo,
@@ -20,6 +20,7 @@ from recsys.registry.store import ArtifactError, ArtifactIntegrityError, Artifac
 
 __all__ = [
     "BASELINE_ROLE",
+    "REGISTRY_URL_ENV",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactStore",
@@ -31,4 +32,5 @@ __all__ = [
     "RollbackError",
     "VersionInfo",
     "open_registry",
+    "registry_url",
 ]

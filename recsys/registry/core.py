@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -41,6 +42,7 @@ from recsys.registry.db import (
     RegisteredModel,
     locked_session,
     make_engine,
+    masked_url,
     move_champion,
     read_session,
     resolve_url,
@@ -380,20 +382,41 @@ class Registry(RegistryReads):
         return rollback(self, to_version)
 
 
+# The registry's URL from the environment, in place of params.yaml's `registry.url`: a password stays out of
+# the repository (and out of DVC: no stage has `registry` among its params).
+REGISTRY_URL_ENV = "RECSYS_REGISTRY_URL"
+
+
+def registry_url(config: RegistryConfig) -> str:
+    """The URL the registry is opened at: RECSYS_REGISTRY_URL when it is set, else `config.url`. Set but
+    empty is refused rather than read as "not set": a deployment that meant to give a URL would otherwise
+    write to the laptop default in params.yaml."""
+    url = os.environ.get(REGISTRY_URL_ENV)
+    if url is None:
+        return config.url
+    if not url.strip():
+        raise ConfigError(f"{REGISTRY_URL_ENV} is set but empty: unset it to use params.yaml's registry.url, "
+                          "or set it to the registry's SQLAlchemy URL (postgresql+psycopg://user:pw@host/db)")
+    return url
+
+
 def open_registry(
     config: RegistryConfig, repo_root: Path, gate: GateConfig | None = None, read_only: bool = False
 ) -> Registry:
-    """Connect to the registry named by `config` (relative paths are under `repo_root`), migrating it to
-    the latest schema first. `read_only`: a caller that only reads (listing, serving) and must not create
-    a SQLite registry file that does not exist yet: it reads an empty registry instead."""
+    """Connect to the registry named by `config` or RECSYS_REGISTRY_URL (`registry_url`; relative paths are
+    under `repo_root`), migrating it to the latest schema first. `read_only`: a caller that only reads
+    (listing, serving) and must not create a SQLite registry file that does not exist yet: it reads an empty
+    registry instead."""
     repo_root = Path(repo_root)
     validate_name(config.model_name, "registry.model_name")
     store = ArtifactStore(artifact_root(config.artifact_root, repo_root))  # refused before a database is made
+    url = registry_url(config)
     try:
-        url = resolve_url(config.url, repo_root, read_only)
-        engine = make_engine(url)
+        engine = make_engine(resolve_url(url, repo_root, read_only))
     except Exception as err:  # a malformed URL, a missing driver
-        raise ConfigError(f"registry.url: cannot use {config.url!r}: {err}") from err
+        setting = REGISTRY_URL_ENV if REGISTRY_URL_ENV in os.environ else "registry.url"
+        detail = str(err).replace(url, masked_url(url))  # the password never reaches a message
+        raise ConfigError(f"{setting}: cannot use {masked_url(url)!r}: {detail}") from err
     try:
         upgrade_schema(engine)
     except BaseException:

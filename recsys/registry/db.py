@@ -13,6 +13,7 @@ PostgreSQL — `SELECT ... FOR UPDATE` on the `registered_models` row (other mod
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +36,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 log = logging.getLogger(__name__)
@@ -171,6 +173,15 @@ def move_champion(session: Session, model_id: int, version_id: int) -> None:
 
 def _is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
+
+
+def masked_url(url: str) -> str:
+    """`url` fit to show in a message or a log: its password as `***` — also in a string SQLAlchemy cannot
+    parse (the text between `scheme://user:` and the last `@`)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        return re.sub(r"(://[^/:@]*:).*@", r"\1***@", url)
 
 
 EMPTY_SQLITE = "sqlite://"  # an in-memory database: what a reader gets where no registry file exists yet
