@@ -23,7 +23,7 @@ from prefect.states import State
 
 from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
-from recsys.bootstrap import ensure_raw_store
+from recsys.bootstrap import PRESENT, ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params, workspace_root
 from recsys.entry import ArgumentParser
 from recsys.ingest.errors import BatchesRejected, rejection
@@ -86,7 +86,9 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     quiet_console()
     config = ingest_config(repo_root, inbox)  # read once; a bad inbox is refused before anything runs
     logger = get_run_logger()
-    bootstrap(repo_root)
+    started = bootstrap(repo_root)
+    if started != PRESENT:  # generated, pulled, or finished what a killed run left (a commit, a push)
+        logger.info("%s", started)
     if has_batches_or_unfinished_work(repo_root, config):
         done = ingest_inbox_task(repo_root, config)
     else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task

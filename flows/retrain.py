@@ -25,10 +25,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.artifacts import publish_decision, publish_retrain
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
-from recsys.bootstrap import ensure_raw_store
+from recsys.bootstrap import PRESENT, ensure_raw_store
 from recsys.config import ConfigError, load_params, workspace_root
-from recsys.ingest.layout import needs_recovery
-from recsys.ingest.layout import paths as ingest_paths
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
@@ -45,14 +43,9 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def bootstrap(root: str) -> str:
     """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested), and an
-    ingest commit a crash interrupted is completed or rolled back before `dvc repro` reads the store."""
-    done = ensure_raw_store(Path(root))
-    config = load_params(Layout(Path(root)).params).ingest
-    if not needs_recovery(ingest_paths(root, config)):  # a few stats; `prepare` recovers again under the lock
-        return done
-    from recsys.ingest import recover  # loads pandas: only when a crash left a commit to finish
-
-    return "; ".join([done, *recover(Path(root), config)])
+    ingest commit or push a crash interrupted is finished (`ensure_raw_store`) before `dvc repro` reads the
+    store: inside `dvc repro`, `prepare` cannot `dvc add` it."""
+    return ensure_raw_store(Path(root))
 
 
 @task(name="warm-sources", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -177,7 +170,9 @@ def retrain(
         check_fan_out(params, selected, force, root)
         commit = committed_head(root)
         check_deployment(fan_out, root, commit)
-    bootstrap(str(root))
+    started = bootstrap(str(root))
+    if started != PRESENT:  # generated, pulled, or finished what a killed run left (a commit, a push)
+        logger.info("%s", started)
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]

@@ -106,6 +106,30 @@ def _push_seed(root: Path, params: Params) -> bool:
     return complete_push(*_ingest_side(root, params)) is not None
 
 
+PRESENT = "raw store present"
+
+
+def _left_undone(root: Path) -> bool:
+    """Whether a killed ingest or bootstrap left a commit or a push unfinished (`recsys.ingest.layout`'s few
+    stats; where ingest keeps its state does not depend on the settings, so none are read)."""
+    from recsys.config import IngestConfig
+    from recsys.ingest.layout import needs_recovery
+    from recsys.ingest.layout import paths as ingest_paths
+
+    where = ingest_paths(root, IngestConfig())
+    return needs_recovery(where) or where.push_marker.exists()
+
+
+def _present(root: Path, params: Params) -> str:
+    """The store is here: finish what a killed ingest or bootstrap left (its commit, its push: a push killed
+    midway left the remote without the data), as the next ingest run would, in one line."""
+    if not _left_undone(root):
+        return PRESENT
+    from recsys.ingest.recovery import finish_interrupted
+
+    return "; ".join([PRESENT, *finish_interrupted(*_ingest_side(root, params))])
+
+
 def store_has_data(root: Path) -> bool:
     interactions = Layout(root).data / "interactions"
     return interactions.is_dir() and any(interactions.glob("*.parquet"))
@@ -124,12 +148,13 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
 
     Generating is refused when `data.dvc` records ingested batches the remote could not give back:
     replacing someone's data with the synthetic default must never happen silently.
-    Returns one line saying which of the three happened.
+    Returns one line saying which of the three happened (and, for a present store, what a killed ingest or
+    bootstrap had left undone that it finished: a commit, a push).
     """
     root = Path(root)
     paths = Layout(root)
-    if store_has_data(root) and not paths.seeding.exists():
-        return "raw store present"
+    if store_has_data(root) and not paths.seeding.exists() and not _left_undone(root):
+        return PRESENT
 
     @functools.cache
     def params() -> Params:  # read once, and only on the paths that need it (a pull does not)
@@ -142,8 +167,8 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
             if _push_seed(root, params()):
                 return "versioned and pushed the default dataset an interrupted bootstrap had generated"
             return f"versioned the default dataset an interrupted bootstrap had generated{_NOT_PUSHED}"
-        if store_has_data(root):  # another process bootstrapped while we waited
-            return "raw store present"
+        if store_has_data(root):  # another process bootstrapped while we waited, or a killed run left work
+            return _present(root, params())
         pulled = None
         if paths.data_dvc.is_file():
             # (never --quiet on a DVC command: it hides DVC's ERROR line, the one our error quotes)

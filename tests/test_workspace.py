@@ -396,6 +396,49 @@ def test_a_bootstrap_killed_at_any_point_is_settled_by_the_next_run(dvc_repo, wr
 
 
 @dvc_slow
+def test_a_bootstrap_killed_before_its_push_ends_is_pushed_by_the_next_bootstrap(dvc_repo, write_params):
+    """A bootstrap killed during its `dvc push` left the seed versioned, its push marked and the remote
+    without it; the next bootstrap said "raw store present" and pushed nothing (only a later ingest did).
+    Now it completes the push first, as ingest does, and says so in its one line."""
+    write_params(path=dvc_repo / "params.yaml")
+    _bootstrap_killed_at(dvc_repo, "before_push")  # (the push marker written, nothing pushed)
+    marker = dvc_repo / ".ingest" / "push-pending.json"
+    assert marker.is_file() and "new:" in run_dvc(dvc_repo, "status", "-c", "data.dvc").stdout
+    said = ensure_raw_store(dvc_repo)
+    assert said.startswith("raw store present; completed an interrupted push: data version ") and \
+        said.endswith(" is on the DVC remote") and "\n" not in said, said
+    assert not marker.exists() and "new:" not in run_dvc(dvc_repo, "status", "-c", "data.dvc").stdout
+    assert ensure_raw_store(dvc_repo) == "raw store present"
+    shutil.rmtree(dvc_repo / "data")  # the remote has it: a fresh clone pulls it
+    assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
+
+
+@dvc_slow
+def test_bootstrap_completes_a_killed_ingests_commit_before_it_pushes(dvc_repo, write_params):
+    """An ingest killed between its part and `dvc add` left a journal and its push marker: the bootstrap's
+    push must come after recovery, so that the version it pushes is the one the completed commit records
+    (pushing first would remove the marker and leave the completed commit's version unpushed)."""
+    import subprocess
+
+    import pandas as pd
+
+    write_params(path=dvc_repo / "params.yaml")
+    ensure_raw_store(dvc_repo)
+    seed = pd.read_parquet(next((dvc_repo / "data" / "interactions").glob("*.parquet"))).head(50)
+    seed.assign(timestamp=seed["timestamp"] + 86400).to_csv(dvc_repo / "inbox" / "b.csv", index=False)
+    killed = subprocess.run([sys.executable, "-m", "recsys.cli", "ingest"], cwd=dvc_repo, capture_output=True,
+                            text=True, env={**os.environ, "RECSYS_FAULT": "after_part_write"}, check=False)
+    assert killed.returncode == 1 and "injected fault at after_part_write" in killed.stderr, killed.stderr
+    said = ensure_raw_store(dvc_repo)
+    assert said.startswith("raw store present; batch ") and "(b.csv) was written but not recorded; " \
+        "completed it; completed an interrupted push: data version " in said, said
+    recorded = yaml.safe_load((dvc_repo / "data.dvc").read_text())["outs"][0]
+    manifest = (dvc_repo / "ingest_manifest.jsonl").read_text().splitlines()
+    assert len(manifest) == 1 and f'"data_version": "{recorded["md5"]}"' in manifest[0]
+    assert recorded["md5"] in said and "new:" not in run_dvc(dvc_repo, "status", "-c", "data.dvc").stdout
+
+
+@dvc_slow
 def test_bootstrap_never_replaces_ingested_data_with_the_generated_seed(dvc_repo, write_params):
     write_params(path=dvc_repo / "params.yaml")
     (dvc_repo / "data.dvc").write_text(yaml.safe_dump({"outs": [

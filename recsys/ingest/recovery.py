@@ -4,7 +4,8 @@
 hence `dvc repro` and the retrain flow; the ingest CLI and flow through `run`). It empties the scratch
 folder and completes (part on disk) or rolls back (part never written) each commit whose journal is still
 in `.ingest/pending/`, so no reader ever sees a part without its manifest record. `complete_push` finishes a
-push that a crash or an unreachable remote left undone; only ingest runs push (a reader needs no remote).
+push that a crash or an unreachable remote left undone; only ingest and bootstrap runs push (a reader needs no
+remote), each first finishing what a killed one left (`finish_interrupted`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from recsys import store as raw_store
 from recsys.atomic import fsync_dir
 from recsys.config import IngestConfig
-from recsys.ingest.commit import finish_commit
+from recsys.ingest.commit import finish_commit, mark_push_pending
 from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push
 from recsys.ingest.errors import IngestError
 from recsys.ingest.keys import KeyIndex
@@ -79,6 +80,24 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
         fsync_dir(paths.pending)
         actions.append(action)
     return actions
+
+
+def recover_commits(paths: Paths, config: IngestConfig, index: KeyIndex | None = None) -> list[str]:
+    """`recover_locked`, then the push marker for what it did: a commit completed by recovery may never have
+    been pushed (another run's push may have removed the marker its commit wrote)."""
+    actions = recover_locked(paths, index)
+    if actions:
+        mark_push_pending(paths, config)
+    return actions
+
+
+def finish_interrupted(paths: Paths, config: IngestConfig) -> list[str]:
+    """What a killed ingest or bootstrap left undone, for a caller that holds the workspace lock and ingests
+    nothing itself (a bootstrap): its commits (`recover_commits`), then its push (`complete_push`), which so
+    includes what recovery completed. Returns what was done; a failed push raises its `IngestError`."""
+    actions = recover_commits(paths, config)
+    pushed = complete_push(paths, config, interrupted=True)
+    return [*actions, pushed] if pushed else actions
 
 
 def clear_scratch(paths: Paths) -> None:

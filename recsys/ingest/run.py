@@ -12,7 +12,7 @@ from pathlib import Path
 
 from recsys import validation
 from recsys.config import IngestConfig
-from recsys.ingest.commit import commit, mark_push_pending
+from recsys.ingest.commit import commit
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.ingest.keys import KeyIndex, open_index
 from recsys.ingest.layout import (
@@ -28,7 +28,7 @@ from recsys.ingest.layout import (
 from recsys.ingest.layout import paths as ingest_paths
 from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
-from recsys.ingest.recovery import complete_push, recover_locked
+from recsys.ingest.recovery import complete_push, recover_commits
 from recsys.ingest.report import IngestSummary, iso, rejected
 from recsys.workspace import workspace_lock
 
@@ -77,9 +77,7 @@ def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
 
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:
     with workspace_lock(where.root), open_index(where.state) as index:
-        run = IngestRun(actions=recover_locked(where, index))
-        if run.actions:  # a commit completed by recovery may never have been pushed
-            mark_push_pending(where, config)
+        run = IngestRun(actions=recover_commits(where, config, index))
         indexed = index.sync(where.store)
         if indexed:
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
