@@ -293,13 +293,21 @@ def _command_path(args: list[str]) -> str:
     return " ".join(path)
 
 
+INTERRUPTED = 130  # what Typer returns for a command a Ctrl-C stopped (no command of ours returns it)
+
+
 def main() -> None:
+    from recsys.entry import end_by_sigint_when_interrupted, stop_interrupted
+
     _setup_logging()
+    end_by_sigint_when_interrupted()
     try:
         code = app(prog_name="recsys", standalone_mode=False)  # the console script, also in-process (tests)
     except user_errors() as err:
         report_user_error(err, verbose_requested())
         sys.exit(1)
+    except KeyboardInterrupt:
+        stop_interrupted()
     except (typer.Exit, SystemExit) as done:
         sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))
     except Exception as err:
@@ -314,6 +322,8 @@ def main() -> None:
                 print(usage_line(command, message), file=sys.stderr)
             sys.exit(exit_code)
         raise
+    if code == INTERRUPTED:  # a Ctrl-C: Typer caught its KeyboardInterrupt and returns 130 without a word
+        stop_interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 

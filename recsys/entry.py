@@ -143,6 +143,15 @@ def die_of_the_interrupt() -> NoReturn:
     sys.exit(130)
 
 
+def stop_interrupted() -> NoReturn:
+    """An interrupted command's one line, `interrupted` (after the traceback, when asked for), and its end by
+    the SIGINT (`die_of_the_interrupt`)."""
+    if verbose_requested() and sys.exc_info()[0] is not None:  # (none where Typer caught it: `recsys`)
+        traceback.print_exc()
+    print("interrupted", file=sys.stderr)
+    die_of_the_interrupt()
+
+
 def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)s: %(message)s") -> None:
     """Run a stage's `main()` (what `dvc repro` calls; the benchmarks' too, in their own log format) with
     logging set up and user errors reported plainly."""
@@ -151,10 +160,7 @@ def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C, or `run_dvc` stopping the stages of an interrupted run: no traceback
-        if verbose_requested():
-            traceback.print_exc()
-        print("interrupted", file=sys.stderr)
-        die_of_the_interrupt()
+        stop_interrupted()
     except Exception as err:
         if not is_user_error(err):
             raise
