@@ -51,9 +51,15 @@ def dvc_error_line(output: str) -> str:
     not its "Having any troubles?" hint — as one line (`run_dvc` logs the whole output at debug level:
     `--verbose`)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
+    errors = [at for at, line in enumerate(lines) if line.startswith("ERROR:")]
     if errors:
-        return errors[0][:400]
+        # A sentence DVC ends on the next lines ("'data' is busy, it is being blocked by:", then the holder's
+        # pid and command line): those lines with it (its advice after the blank line stays out).
+        said = [lines[errors[0]]]
+        if said[0].endswith(":"):
+            told = output.split(said[0], 1)[1].split("\n\n", 1)[0]
+            said += [line.strip() for line in told.splitlines() if line.strip()]
+        return " ".join(said)[:400]
     told = [line for line in lines if not line.startswith("Having any troubles?")]
     return told[-1][:400] if told else "no output"
 

@@ -238,6 +238,21 @@ def test_run_dvc_streams_with_a_watch_callback(dvc_repo):
     assert again.returncode == 0 and "done here" in again.stdout and len(calls) >= 6  # went on to the end
 
 
+def test_a_dvc_sentence_continued_on_its_next_lines_is_quoted_whole():
+    """DVC's "'data' is busy, it is being blocked by:" names the holder on the next line: the one-line error
+    ended at "by:". Now the holder is in it; the advice after the blank line stays out."""
+    from recsys.workspace import dvc_error_line
+
+    busy = ("ERROR: '/tmp/r/data' is busy, it is being blocked by:\n"
+            "  (PID 4242): /venv/bin/dvc repro prepare\n\n"
+            "If there are no processes with such PIDs, you can manually remove '/tmp/r/.dvc/tmp/rwlock' and "
+            "try again.\n")
+    assert dvc_error_line(busy) == ("ERROR: '/tmp/r/data' is busy, it is being blocked by: (PID 4242): "
+                                    "/venv/bin/dvc repro prepare")
+    assert dvc_error_line("ERROR: failed to push data to the cloud - x\nHaving any troubles? Hit us up") == \
+        "ERROR: failed to push data to the cloud - x"
+
+
 @dvc_slow
 def test_other_dvc_failures_are_transient(dvc_repo):
     with pytest.raises(DvcError) as caught:
