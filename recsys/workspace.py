@@ -96,6 +96,12 @@ def dvc_may_pass(output: str) -> bool:
     return not any(sign in output for sign in DETERMINISTIC_DVC_ERRORS)
 
 
+def inside_dvc_stage() -> bool:
+    """Whether this process is a stage `dvc repro` runs (DVC sets DVC_STAGE for each): DVC then holds the
+    stage's dependencies locked (`data`, for `prepare`), so a `dvc add` of them can only fail."""
+    return bool(os.environ.get("DVC_STAGE"))
+
+
 def subprocess_env() -> dict[str, str]:
     """PATH with this interpreter's bin first, so `python -m recsys...` inside dvc.yaml finds our packages."""
     env = dict(os.environ)

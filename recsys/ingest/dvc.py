@@ -27,8 +27,20 @@ def dvc_add(paths: Paths) -> str | None:
     if result.returncode != 0:
         output = (result.stderr or result.stdout).strip()
         raise DvcAddFailed(f"`dvc add {paths.store.name}` failed: {workspace.dvc_error_line(output)}",
-                           transient="Unable to acquire lock" in output)
+                           transient="Unable to acquire lock" in output or "is busy" in output)
     return data_version(paths)
+
+
+def store_recorded(paths: Paths) -> bool:
+    """Whether data.dvc records the store exactly as it is on disk (`dvc status`, which reads, never writes:
+    it runs inside a stage of `dvc repro`, where a `dvc add` cannot)."""
+    import json
+
+    result = workspace.run_dvc(paths.root, "status", "--json", paths.dvc_file.name, check=False)
+    try:
+        return result.returncode == 0 and json.loads(result.stdout or "{}") == {}
+    except ValueError:  # not DVC's JSON (a warning on stdout): not known to be recorded
+        return False
 
 
 def dvc_push(paths: Paths) -> PushFailure | None:

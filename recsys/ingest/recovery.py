@@ -18,15 +18,15 @@ from pathlib import Path
 from recsys import store as raw_store
 from recsys.atomic import fsync_dir
 from recsys.config import IngestConfig
-from recsys.ingest.commit import finish_commit, mark_push_pending
-from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push
+from recsys.ingest.commit import finish_commit, mark_push_pending, record_commit
+from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push, store_recorded
 from recsys.ingest.errors import IngestError
 from recsys.ingest.keys import KeyIndex
 from recsys.ingest.layout import Paths, paths
 from recsys.ingest.manifest import read_manifest, repair_manifest
 from recsys.ingest.report import write_final_report
 from recsys.faults import fault_point
-from recsys.workspace import workspace_lock
+from recsys.workspace import inside_dvc_stage, workspace_lock
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +67,36 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
                 Path(quarantine).unlink(missing_ok=True)
             action = f"batch {sha[:16]} ({record['source']}) crashed before its part was written; rolled back"
         else:
-            try:
-                record = finish_commit(paths, entry, index)
-            except IngestError as err:  # e.g. `dvc add` refused inside `dvc repro`: stop before any read
-                raise IngestError(
-                    f"batch {sha[:16]} ({record['source']}) was written but not recorded, and completing "
-                    f"it failed ({err}); run `recsys ingest` (it completes interrupted commits), then retry",
-                    transient=err.transient,  # DVC's lock held: a retry may pass
-                ) from err
+            record = _complete(paths, entry, index)
             action = f"batch {sha[:16]} ({record['source']}) was written but not recorded; completed it"
         journal.unlink()
         fsync_dir(paths.pending)
         actions.append(action)
     return actions
+
+
+def _complete(paths: Paths, entry: dict, index: KeyIndex | None) -> dict:
+    """`finish_commit` a journal whose part is on disk. Inside a stage of `dvc repro`, which holds the store
+    locked (a `dvc add` of it can only fail), only the record: when data.dvc already records the store as it
+    is — `dvc repro` saves a changed data source (`data.dvc`) before it runs a stage — the manifest line,
+    under the version DVC wrote; else a refusal that names the command that completes it. Raises
+    `IngestError`, before anything reads the store."""
+    record = entry["record"]
+    where = f"batch {record['batch_sha256'][:16]} ({record['source']}) was written but not recorded"
+    if record["part_file"] and inside_dvc_stage():
+        if not store_recorded(paths):
+            raise IngestError(f"{where}, and a stage of `dvc repro` cannot record it (DVC holds the store "
+                              "locked); run `recsys ingest` (it completes interrupted commits), then "
+                              "`dvc repro`")
+        return record_commit(paths, entry, {**record, "data_version": data_version(paths)}, index)
+    try:
+        return finish_commit(paths, entry, index)
+    except IngestError as err:  # `dvc add` failed: stop before any read
+        raise IngestError(
+            f"{where}, and completing it failed ({err}); run `recsys ingest` (it completes interrupted "
+            "commits), then retry",
+            transient=err.transient,  # DVC's lock held: a retry may pass
+        ) from err
 
 
 def recover_commits(paths: Paths, config: IngestConfig, index: KeyIndex | None = None) -> list[str]:

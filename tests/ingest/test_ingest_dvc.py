@@ -105,6 +105,56 @@ def _killed_at(repo, fault, path):
                           check=False)
 
 
+def _repro_a_reader(repo, *options):
+    """`dvc repro` of a stage that depends on the store and recovers before it reads, as `prepare` does."""
+    (repo / "reader.py").write_text(
+        "from recsys.config import IngestConfig\nfrom recsys.entry import run_entry\n"
+        "from recsys.ingest import recover\n\n"
+        "run_entry(lambda: recover('.', IngestConfig(dvc_push=False)))\n")
+    stage = {"cmd": f"{sys.executable} reader.py", "deps": ["data"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"reader": stage}}))
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    env.pop("RECSYS_FAULT", None)
+    return subprocess.run([str(VENV_BIN / "dvc"), "repro", *options, "reader"], cwd=repo, env=env,
+                          capture_output=True, text=True, check=False)
+
+
+def test_a_stage_of_dvc_repro_records_a_commit_dvc_repro_has_versioned_without_dvc_add(dvc_repo):
+    """A part written, not recorded: `dvc repro` saves the changed data.dvc itself before any stage runs,
+    and the stage's recovery then ran `dvc add`, which DVC's lock on the stage's `data` always refuses ("is
+    busy"): the run failed with data.dvc naming the part and the manifest without it. Now the stage records
+    the batch under the version DVC wrote, and runs no `dvc add`."""
+    repo = dvc_repo
+    ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
+    path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
+    assert _killed_at(repo, "after_part_write", path).returncode == 1
+    done = _repro_a_reader(repo)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [r["source"] for r in records(repo)] == ["b1.csv", "b2.csv"]
+    assert records(repo)[-1]["data_version"] == dvc_md5(repo)
+    assert not any((repo / ".ingest" / "pending").iterdir())
+    assert "up to date" in run([str(VENV_BIN / "dvc"), "status", "data.dvc"], repo)
+
+
+def test_a_stage_of_dvc_repro_refuses_a_commit_it_cannot_record_in_one_line(dvc_repo):
+    """`dvc repro --single-item` leaves data.dvc as it was: the stage cannot record the batch, and says which
+    command does, without touching data.dvc; `recsys ingest` then completes it."""
+    repo = dvc_repo
+    ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
+    path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
+    assert _killed_at(repo, "after_part_write", path).returncode == 1
+    before = (repo / "data.dvc").read_bytes()
+    done = _repro_a_reader(repo, "--single-item")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr[-2000:]
+    assert errors[0].endswith("(b2.csv) was written but not recorded, and a stage of `dvc repro` cannot "
+                              "record it (DVC holds the store locked); run `recsys ingest` (it completes "
+                              "interrupted commits), then `dvc repro`"), errors[0]
+    assert (repo / "data.dvc").read_bytes() == before and len(records(repo)) == 1
+    assert ingest.ingest_batches([path], repo, CFG)[0].status == "duplicate_batch"
+    assert records(repo)[-1]["data_version"] == dvc_md5(repo) and len(records(repo)) == 2
+
+
 def test_killed_after_dvc_add_is_recorded_by_the_next_run_never_undone(dvc_repo):
     """The window the README's guarantee names (data.dvc has the part, the manifest has no line), with real
     DVC: the next run records the batch under the version data.dvc holds."""
