@@ -60,12 +60,14 @@ def ingest(
     except (IngestError, ConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
+    for action in run.actions[:run.done_first]:  # before the batches: a recovered commit (its batch is
+        typer.echo(action)                         # then "already ingested"), a push a killed run left
     for summary in run:
         if summary.status != "rejected":  # the rejected ones: in the last line
             typer.echo(f"{summary.source}: {summary.message}")
             if summary.quarantine_file:
                 typer.echo(f"  quarantined rows: {summary.quarantine_file}")
-    for action in run.actions:
+    for action in run.actions[run.done_first:]:
         typer.echo(action)
     if not run and not run.actions:  # `recsys ingest inbox` with an empty inbox
         typer.echo(NOTHING_TO_INGEST)

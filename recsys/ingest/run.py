@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 class IngestRun(list):
     """The batch summaries of one run, in order, plus `actions`: what the run did first or last that
-    was not about one batch (recovered an interrupted commit, completed or made a push)."""
+    was not about one batch (recovered an interrupted commit, completed or made a push); the first
+    `done_first` of them came before any batch."""
 
     def __init__(self, summaries: Iterable[IngestSummary] = (), actions: Iterable[str] = ()):
         super().__init__(summaries)
         self.actions = list(actions)
+        self.done_first = len(self.actions)
 
 
 class PushFailed(IngestError):
@@ -82,6 +84,7 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         if indexed:
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
         push_error = _push(where, config, run, interrupted=True)
+        run.done_first = len(run.actions)
         for path in inbox_files(where) if files is None else files:
             summary = _ingest_one(path, where, config, index)
             if move:

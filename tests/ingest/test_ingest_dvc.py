@@ -155,6 +155,25 @@ def test_a_stage_of_dvc_repro_refuses_a_commit_it_cannot_record_in_one_line(dvc_
     assert records(repo)[-1]["data_version"] == dvc_md5(repo) and len(records(repo)) == 2
 
 
+def test_recsys_ingest_says_the_recovered_commit_before_its_batch_is_found_ingested(dvc_repo):
+    """The rerun after a kill printed "already ingested ... nothing to do" before the line saying that this
+    very run had just recorded it: now in the order it happened."""
+    repo = dvc_repo
+    (repo / "params.yaml").write_text("ingest:\n  dvc_push: false\n  max_unseen_item_share: 1.0\n")
+    ingest.ingest_batches([write_frame(repo / "inbox" / "b1.csv", events(10))], repo, CFG)
+    path = write_frame(repo / "inbox" / "b2.csv", events(10, start=100))
+    assert _killed_at(repo, "after_part_write", path).returncode == 1
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+    env.pop("RECSYS_FAULT", None)
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "ingest"], cwd=repo, env=env,
+                          capture_output=True, text=True, check=False)
+    lines = done.stdout.splitlines()  # (b1.csv, ingested above without `move`, is still in the inbox too)
+    assert done.returncode == 0 and len(lines) == 3, done.stdout + done.stderr[-2000:]
+    assert lines[0].endswith("(b2.csv) was written but not recorded; completed it"), lines
+    assert lines[2].startswith("b2.csv: already ingested as part-"), lines
+    assert lines[2].endswith("nothing to do"), lines
+
+
 def test_killed_after_dvc_add_is_recorded_by_the_next_run_never_undone(dvc_repo):
     """The window the README's guarantee names (data.dvc has the part, the manifest has no line), with real
     DVC: the next run records the batch under the version data.dvc holds."""
