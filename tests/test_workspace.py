@@ -419,6 +419,18 @@ def test_a_bootstrap_killed_before_its_push_ends_is_pushed_by_the_next_bootstrap
     _bootstrap_killed_at(dvc_repo, "before_push")  # (the push marker written, nothing pushed)
     marker = dvc_repo / ".ingest" / "push-pending.json"
     assert marker.is_file() and "new:" in run_dvc(dvc_repo, "status", "-c", "data.dvc").stdout
+    config_local = dvc_repo / ".dvc" / "config.local"
+    reachable = config_local.read_text() if config_local.exists() else None
+    blocked = dvc_repo.parent / "blocked-remote"
+    blocked.write_text("a file where the remote folder should be")
+    config_local.write_text(f"['remote \"local\"']\n    url = {blocked}\n")
+    said = ensure_raw_store(dvc_repo)  # the remote is down: a reader (a retrain) still gets its store
+    assert said.startswith("raw store present; push not completed: the DVC remote does not have data "), said
+    assert marker.is_file() and "\n" not in said
+    if reachable is None:
+        config_local.unlink()
+    else:
+        config_local.write_text(reachable)
     said = ensure_raw_store(dvc_repo)
     assert said.startswith("raw store present; completed an interrupted push: data version ") and \
         said.endswith(" is on the DVC remote") and "\n" not in said, said

@@ -111,9 +111,13 @@ def recover_commits(paths: Paths, config: IngestConfig, index: KeyIndex | None =
 def finish_interrupted(paths: Paths, config: IngestConfig) -> list[str]:
     """What a killed ingest or bootstrap left undone, for a caller that holds the workspace lock and ingests
     nothing itself (a bootstrap): its commits (`recover_commits`), then its push (`complete_push`), which so
-    includes what recovery completed. Returns what was done; a failed push raises its `IngestError`."""
+    includes what recovery completed. Returns what was done. A push that fails is said, not raised: the
+    store is whole here and a reader (a retrain) needs no remote; the marker stays for the next run."""
     actions = recover_commits(paths, config)
-    pushed = complete_push(paths, config, interrupted=True)
+    try:
+        pushed = complete_push(paths, config, interrupted=True)
+    except IngestError as err:
+        return [*actions, f"push not completed: {err}"]
     return [*actions, pushed] if pushed else actions
 
 
