@@ -88,8 +88,8 @@ class World:
         if not self.active:
             return resolve_device(setting)
         if setting == "cuda" and not torch.cuda.is_available():
-            raise DistributedError("train.device is 'cuda' but this machine has no CUDA device, so torchrun "
-                                   "cannot use NCCL: set train.device to cpu (gloo) or auto")
+            raise DistributedError("train.device is 'cuda' but this machine has no CUDA device: set "
+                                   "train.device to cpu or auto (data-parallel on CPU, over gloo)")
         device = resolve_device(setting)
         if device.type != "cuda":
             return device

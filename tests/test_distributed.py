@@ -106,6 +106,7 @@ def test_cuda_without_cuda_under_torchrun_names_the_setting():
     with pytest.raises(DistributedError, match="train.device is 'cuda'.*set train.device to cpu") as err:
         World(active=True).device("cuda")
     assert is_user_error(err.value)  # one line on stderr, no traceback (recsys.entry)
+    assert "NCCL" not in str(err.value)  # after "backend gloo" was logged, NCCL read as a contradiction
 
 
 # --- two processes ------------------------------------------------------------------------------------------
