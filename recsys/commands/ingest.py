@@ -60,8 +60,10 @@ def ingest(
     except (IngestError, ConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    for action in run.actions[:run.done_first]:  # before the batches: a recovered commit (its batch is
-        typer.echo(action)                         # then "already ingested"), a push a killed run left
+    # Before the batches: a recovered commit (whose batch then says "already ingested"), a push a killed run
+    # left undone.
+    for action in run.actions[:run.done_first]:
+        typer.echo(action)
     for summary in run:
         if summary.status != "rejected":  # the rejected ones: in the last line
             typer.echo(f"{summary.source}: {summary.message}")
