@@ -36,8 +36,14 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 
 @task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def bootstrap(repo_root: str) -> str:
-    """The raw store exists before batches are appended to it (generated on a fresh clone)."""
-    return ensure_raw_store(Path(repo_root))
+    """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested), and what
+    a killed ingest or bootstrap left undone (its commit, its push) is finished (`ensure_raw_store`), before
+    batches are appended to the store or `dvc repro` reads it (inside `dvc repro`, `prepare` cannot `dvc add`
+    it). The ingest and retrain flows' first step; it logs what it did unless the store was simply there."""
+    done = ensure_raw_store(Path(repo_root))
+    if done != PRESENT:
+        get_run_logger().info("%s", done)
+    return done
 
 
 def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
@@ -86,9 +92,7 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     quiet_console()
     config = ingest_config(repo_root, inbox)  # read once; a bad inbox is refused before anything runs
     logger = get_run_logger()
-    started = bootstrap(repo_root)
-    if started != PRESENT:  # generated, pulled, or finished what a killed run left (a commit, a push)
-        logger.info("%s", started)
+    bootstrap(repo_root)
     if has_batches_or_unfinished_work(repo_root, config):
         done = ingest_inbox_task(repo_root, config)
     else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task

@@ -25,7 +25,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from flows.artifacts import publish_decision, publish_retrain
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
-from recsys.bootstrap import PRESENT, ensure_raw_store
+from flows.ingest import bootstrap
 from recsys.config import ConfigError, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
@@ -33,19 +33,10 @@ from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_
                                training_progress)
 from recsys.faults import fault_point
 from recsys.entry import ArgumentParser, positive_float, positive_int
-from recsys.fanout import (FORCE_REFUSED, IDLE_MINUTES, check_deployment_name, check_fan_out,
-                           committed_head)
+from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head, force_refused
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
-
-
-@task(name="bootstrap", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
-def bootstrap(root: str) -> str:
-    """The raw store exists (pulled, or generated on a fresh clone where nothing was ever ingested), and an
-    ingest commit or push a crash interrupted is finished (`ensure_raw_store`) before `dvc repro` reads the
-    store: inside `dvc repro`, `prepare` cannot `dvc add` it."""
-    return ensure_raw_store(Path(root))
 
 
 @task(name="warm-sources", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -170,9 +161,7 @@ def retrain(
         check_fan_out(params, selected, force, root)
         commit = committed_head(root)
         check_deployment(fan_out, root, commit)
-    started = bootstrap(str(root))
-    if started != PRESENT:  # generated, pulled, or finished what a killed run left (a commit, a push)
-        logger.info("%s", started)
+    bootstrap(str(root))
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
     targets = [f"evaluate@{m}" for m in selected]
@@ -226,7 +215,7 @@ def deployment_name(text: str) -> str:
 def check_fan_out_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What the command line alone shows fan-out cannot do, refused before a flow run is created."""
     if args.fan_out and args.force:
-        parser.error(FORCE_REFUSED.replace("fan_out", "--fan-out"))
+        parser.error(force_refused("--fan-out"))
 
 
 def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:

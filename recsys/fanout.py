@@ -102,15 +102,18 @@ def check_deployment_name(deployment: str) -> None:
                           f"(the `prefect deployment ls` names), got {deployment!r}")
 
 
-FORCE_REFUSED = ("--force cannot be combined with fan_out: a forced run skips DVC's run-cache, which is how the "
-                 "workers' results reach this workspace; run without fan_out to force, or change what should "
-                 "retrain (data, params, code)")
+def force_refused(fan_out: str = "fan_out") -> str:
+    """Why `--force` and fan-out do not mix, naming fan-out as the caller spells it (`--fan-out` on a command
+    line, the `fan_out` parameter in a UI or API run)."""
+    return (f"--force cannot be combined with {fan_out}: a forced run skips DVC's run-cache, which is how "
+            f"the workers' results reach this workspace; run without {fan_out} to force, or change what "
+            "should retrain (data, params, code)")
 
 
 def check_fan_out(params: Params, models: Iterable[str], force: bool, root: Path | None = None) -> None:
     """Refuse what fan-out cannot do faithfully, before anything runs, with the setting that fixes it."""
     if force:
-        raise ConfigError(FORCE_REFUSED)
+        raise ConfigError(force_refused())
     warm = [m for m in models if TRAINABLE.get(m, False) and params.train_config(m).init != "cold"]
     setting = params.registry.artifact_root
     inside = (not Path(setting).is_absolute() if root is None
