@@ -238,7 +238,6 @@ case "$phase" in
     # slower average. Same use as quick: `QUICK_S=545 ... gpu_session.sh bert4rec`, carry .gpu-data.
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     todo=()
-    [[ -z "${BERT4REC_ONLY:-}" ]] || set -- $BERT4REC_ONLY
     for pair in "$BERT4REC_EMA_GRAPHED 0" "$BERT4REC_EMA_GRAPHED 1" "$BERT4REC_EMA_GRAPHED 2" \
                 "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_MASK04_EMA_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 0" \
                 "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 1" "$BERT4REC_EMA9995_GRAPHED 2"; do
