@@ -260,6 +260,11 @@ class TrainConfig:
     # off; 0.99 averages over roughly the last 100 steps). Validation, the best checkpoint and so the test
     # score the averaged weights; the optimiser keeps stepping the raw ones.
     ema: float = 0.0
+    # With ema: the decay at optimiser step t (from 1) is min(ema, (1 + t) / (10 + t)) (TensorFlow's
+    # ExponentialMovingAverage with num_updates), so the average follows the weights while they move fast and
+    # reaches ema itself after (10·ema − 1) / (1 − ema) steps (8,990 for 0.999). Without it the average starts
+    # at the initial weights and lags them by ~1 / (1 − ema) steps (0.999: ~110 epochs of ML-100K's BERT4Rec).
+    ema_warmup: bool = False
     # How the process's C allocator treats the tensors a CPU step frees (glibc on Linux; elsewhere nothing
     # changes): "retain" keeps freed memory in the process for the next step instead of handing every large
     # block back to the kernel and faulting it in again (recsys.device.retain_cpu_memory; ML-100K SASRec:

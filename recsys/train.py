@@ -220,7 +220,7 @@ def train_model(
     lr = cfg.effective_lr
     optimizer = make_optimizer(model, cfg, device)
     fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
-    average = WeightAverage(model, cfg.ema) if cfg.ema > 0 else None
+    average = WeightAverage(model, cfg.ema, cfg.ema_warmup) if cfg.ema > 0 else None
     if average is not None:
         scored = average.module
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -289,7 +289,7 @@ def train_model(
                     total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
                                                  grad_clip=cfg.grad_clip)
                 if average is not None:
-                    average.update()
+                    average.update(state["steps"] + 1)
                 state["steps"] += 1
                 if bar is not None:
                     bar.update(1)

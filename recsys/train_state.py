@@ -20,14 +20,18 @@ class WeightAverage:
     average, `avg ← decay · avg + (1 − decay) · live` after every optimiser step (buffers are the model's own
     statistics, fixed before training, and copied once). Updated on the device; nothing waits for it."""
 
-    def __init__(self, model: torch.nn.Module, decay: float):
-        self.decay = decay
+    def __init__(self, model: torch.nn.Module, decay: float, warmup: bool = False):
+        self.decay, self.warmup = decay, warmup
         self.module = copy.deepcopy(model).requires_grad_(False)
         self._average, self._live = list(self.module.parameters()), list(model.parameters())
 
+    def decay_at(self, step: int) -> float:
+        """The decay of optimiser step `step` (from 1): `train.ema_warmup`'s min(decay, (1 + t) / (10 + t))."""
+        return min(self.decay, (1.0 + step) / (10.0 + step)) if self.warmup else self.decay
+
     @torch.no_grad()
-    def update(self) -> None:
-        torch._foreach_lerp_(self._average, self._live, 1.0 - self.decay)
+    def update(self, step: int) -> None:
+        torch._foreach_lerp_(self._average, self._live, 1.0 - self.decay_at(step))
 
 
 def _prefixed(prefix: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:

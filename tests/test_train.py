@@ -116,12 +116,13 @@ class Interrupt:
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("ema", [0.0, 0.9])
+@pytest.mark.parametrize(("ema", "warmup"), [(0.0, False), (0.9, False), (0.9, True)])
 def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_sasrec_config, fast_train_config,
-                                                             tmp_path, caplog, ema):
+                                                             tmp_path, caplog, ema, warmup):
     """(With `train.ema` the weights' average is part of the saved state: the resumed run's averaged
-    checkpoint equals the uninterrupted run's.)"""
-    cfg = dataclasses.replace(fast_train_config, epochs=4, ema=ema)
+    checkpoint equals the uninterrupted run's; with `ema_warmup` its decay goes on from the saved step
+    count.)"""
+    cfg = dataclasses.replace(fast_train_config, epochs=4, ema=ema, ema_warmup=warmup)
     straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
 
     interrupted = Interrupt(at=2)
@@ -161,10 +162,27 @@ def test_the_weight_average_follows_the_trained_weights_by_its_decay():
     for live in (3.0, -1.0, 5.0):
         with torch.no_grad():
             model.weight.fill_(live)
-        average.update()
+        average.update(step=10_000)  # (no warm-up: the step does not matter)
         expected = 0.75 * expected + 0.25 * live
         assert torch.allclose(average.module.weight, torch.full((1, 2), expected))
     assert torch.equal(model.weight, torch.full((1, 2), 5.0))  # the trained weights are untouched
+
+
+def test_with_ema_warmup_the_average_follows_early_steps_and_reaches_its_decay_later():
+    """`train.ema_warmup`: step t's decay is min(ema, (1 + t) / (10 + t)) — 2/11 at the first step, so the
+    average starts near the trained weights instead of the initial ones; ema itself from t = (10·ema − 1) / (1 − ema)."""
+    from recsys.train_state import WeightAverage
+
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    average = WeightAverage(model, 0.9, warmup=True)
+    assert [average.decay_at(t) for t in (1, 2, 79, 80, 1000)] == pytest.approx([2 / 11, 3 / 12, 80 / 89, 0.9, 0.9])
+    assert WeightAverage(model, 0.9).decay_at(1) == 0.9
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    average.update(step=1)
+    assert torch.allclose(average.module.weight, torch.full((1, 2), 9 / 11))  # 2/11 · 0 + 9/11 · 1
 
 
 def test_with_ema_validation_and_the_checkpoint_are_the_averaged_weights(tiny_prepared, tiny_sasrec_config,
