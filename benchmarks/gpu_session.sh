@@ -81,6 +81,8 @@ BERT4REC_EMA_GRAPHED="${BERT4REC_GRAPHED},ema=0.999"
 # BERT4REC_MASK04_EMA_GRAPHED)
 BERT4REC_EMA9995_GRAPHED="${BERT4REC_GRAPHED},ema=0.9995"
 BERT4REC_MASK04_EMA_GRAPHED="${BERT4REC_MASK04_GRAPHED},ema=0.999"
+# and, after them, the average with its decay warmed up (curves.py BERT4REC_EMA_WARMUP_GRAPHED)
+BERT4REC_EMA_WARMUP_GRAPHED="${BERT4REC_EMA_GRAPHED},ema_warmup=true"
 # bench_step.py's MOJITO at README's GPU width
 MOJITO_WIDE_STEP='mojito@dim=128'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
@@ -232,15 +234,19 @@ case "$phase" in
     results=()  # each piece copied its files already
     ;;
   bert4rec)
-    # Issue 11's last open aim (BERT4Rec >= 0.90 x SASRec on ml-1m-half; 0.86 x) and nothing else: QUICK_SHARED
-    # (default 6) quality seeds at once for QUICK_S seconds, most telling first. The moving average on three
-    # seeds (its mean is what the aim reads), then one seed each of mask rate 0.4, the average on it, and a
-    # slower average. Same use as quick: `QUICK_S=545 ... gpu_session.sh bert4rec`, carry .gpu-data.
+    # Issue 11's last open aim (BERT4Rec >= 0.90 x SASRec on ml-1m-half; 0.89 x with train.ema 0.999 since
+    # session 32) and nothing else: QUICK_SHARED (default 6) quality seeds at once for QUICK_S seconds, most
+    # telling first; a pair already in models-gpu.json (stopped early) is skipped. Session 32 ran everything
+    # up to the warm-up seeds: the average with its decay warmed up on three seeds (its mean is what the aim
+    # reads), then the average alone on seeds 45-46 (two more seeds of the best setting so far). Same use as
+    # quick: `QUICK_S=545 ... gpu_session.sh bert4rec`, carry .gpu-data.
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     todo=()
     for pair in "$BERT4REC_EMA_GRAPHED 0" "$BERT4REC_EMA_GRAPHED 1" "$BERT4REC_EMA_GRAPHED 2" \
                 "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_MASK04_EMA_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 0" \
-                "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 1" "$BERT4REC_EMA9995_GRAPHED 2"; do
+                "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 1" "$BERT4REC_EMA9995_GRAPHED 2" \
+                "$BERT4REC_EMA_WARMUP_GRAPHED 0" "$BERT4REC_EMA_WARMUP_GRAPHED 1" "$BERT4REC_EMA_WARMUP_GRAPHED 2" \
+                "$BERT4REC_EMA_GRAPHED 3" "$BERT4REC_EMA_GRAPHED 4" "$BERT4REC_GRAPHED 3"; do
       done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
     shared_runs "${QUICK_SHARED:-6}" "${todo[@]}"
