@@ -294,11 +294,19 @@ def _read_curve(path: Path) -> list[dict]:
 _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size", "cpu_allocator", "seed"})
 
 
+# Train settings added after rows were stored, with the value that trains as before they existed: a stored
+# row without the key is read at that value, so that a row of a new setting cannot join the old rows of its
+# string unnoticed (the check below compares the keys both rows record). Add each new train key here.
+_BEFORE_THE_KEY = {"ema_warmup": False}
+
+
 def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
     """`differing` over each model or train setting the two rows both record (a budget's aside)."""
     out = []
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
+        if part == "train":
+            old = {**_BEFORE_THE_KEY, **old}
         free = _RERUN_FREE if part == "train" else frozenset()
         out += differing(old, now, sorted((old.keys() & now.keys()) - free))
     return out

@@ -52,7 +52,9 @@ SASREC_D64='sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0,windo
 SASREC="${SASREC_D64},dim=128,lr=0.002"
 # BERT4Rec's and MOJITO's defaults (benchmarks/curves.py BERT4REC_DEFAULT_RUN, MOJITO_DEFAULT_RUN); MOJITO's
 # sessions 10-28 defaults as their rows name them (curves.py MOJITO_LONG, measured at the lr 1e-3 of then)
-BERT4REC='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
+BERT4REC_LIS01='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
+# (sessions 13-31's defaults, curves.py BERT4REC_LIS01; since session 32 the weights' average is on)
+BERT4REC="${BERT4REC_LIS01},ema=0.999,ema_warmup=true"
 MOJITO_LONG='mojito@batching=random,patience=20,min_epochs=100,windows=all'
 MOJITO="${MOJITO_LONG},lr=0.002"
 # MOJITO at SASRec's width and rate (curves.py's MOJITO_WIDE; BERT4Rec's, BERT4REC_WIDE, is concluded: 0.1677
@@ -68,13 +70,13 @@ MOJITO_LR2_GRAPHED="${MOJITO},cuda_graph=true"
 # BERT4Rec candidates for its ml-1m-half aim (curves.py BERT4REC_MASK02_GRAPHED, BERT4REC_PEER_GRAPHED), on its
 # defaults (Bernoulli masking) graphed: the paper's ML-1M mask rate, and RecTools' BERT4Rec shape (d 256,
 # 4 heads, lr 1e-3, mask rate 0.15)
-BERT4REC_GRAPHED="${BERT4REC},cuda_graph=true"
+BERT4REC_GRAPHED="${BERT4REC_LIS01},cuda_graph=true"
 BERT4REC_MASK02_GRAPHED="${BERT4REC_GRAPHED},mask_prob=0.2"
 BERT4REC_PEER_GRAPHED="${BERT4REC_GRAPHED},dim=256,n_heads=4,ffn_dim=1024,lr=0.001,mask_prob=0.15"
 # session 28's next BERT4Rec candidates (both above scored below the defaults): a higher mask rate, and width
 # 128 with more dropout (curves.py BERT4REC_MASK04_GRAPHED, BERT4REC_WIDE_D03_GRAPHED)
 BERT4REC_MASK04_GRAPHED="${BERT4REC_GRAPHED},mask_prob=0.4"
-BERT4REC_WIDE_D03_GRAPHED="${BERT4REC/dropout=0.2/dropout=0.3},dim=128,ffn_dim=512,lr=0.002,cuda_graph=true"
+BERT4REC_WIDE_D03_GRAPHED="${BERT4REC_LIS01/dropout=0.2/dropout=0.3},dim=128,ffn_dim=512,lr=0.002,cuda_graph=true"
 # session 29's: a moving average of the weights (curves.py BERT4REC_EMA_GRAPHED)
 BERT4REC_EMA_GRAPHED="${BERT4REC_GRAPHED},ema=0.999"
 # session 32's: a slower average, and the average on mask rate 0.4 (curves.py BERT4REC_EMA9995_GRAPHED,
@@ -184,18 +186,16 @@ case "$phase" in
   quick)
     # The whole of a 15-minute device lease in one command (QUICK_S seconds of work, default 540), most
     # telling first, each piece bounded so that a slow one cannot starve the rest. What issue 11 still needs
-    # (after session 28, whose lease met MOJITO's GPU aims with MOJITO_WIDE_GRAPHED, README's GPU setting):
+    # (after session 32, whose lease ran BERT4Rec's candidates: `bert4rec` below):
     #   1. alone on the device and timed: graphed SASRec's defaults, seed 42 (the same-lease baseline), and
-    #      BERT4Rec's defaults graphed (BERT4REC_GRAPHED, seed 42): BERT4Rec's GPU time ratio on the path a GPU
-    #      user runs (eager it took 2.9 x eager SASRec's time);
+    #      BERT4Rec's defaults graphed (the weights' average warmed up since session 32,
+    #      BERT4REC_EMA_WARMUP_GRAPHED, seed 42): BERT4Rec's GPU time ratio on the path a GPU user runs;
     #   2. the step and all-users scoring of MOJITO at width 128 (MOJITO_WIDE_STEP), graphed: the <= 0.05 s
     #      scoring aim for README's MOJITO GPU setting (its defaults score in 0.044 s);
-    #   3. quality seeds, QUICK_SHARED (default 5) processes at once with --shared-device: BERT4Rec's next
-    #      candidates for its 0.90 x aim on ml-1m-half (0.86 x; session 28 ruled out RecTools' shape and mask
-    #      rate 0.2): mask rate 0.4 (seeds 42-44) and width 128 with dropout 0.3 (it peaked at epoch 160 with
-    #      0.2), a moving average of the weights (decay 0.999), then BERT4Rec graphed seeds 43-44, MOJITO's
-    #      defaults (lr 2e-3 since session 29) graphed seeds 43-44, and the older claim seeds. curves.py takes their times into no ratio (the rows of seeds
-    #      trained alone give the claims' times).
+    #   3. quality seeds, QUICK_SHARED (default 5) processes at once with --shared-device: BERT4Rec's defaults
+    #      graphed on seeds 42-44 (its 0.90 x aim on ml-1m-half: without the warm-up the average scored 0.89 x),
+    #      MOJITO's defaults (lr 2e-3 since session 29) graphed seeds 43-44, and the older claim seeds.
+    #      curves.py takes their times into no ratio (the rows of seeds trained alone give the claims' times).
     # With QUICK_STEPS=1 it first measures the step rows again (the three models eager, SASRec and MOJITO graphed).
     # GPU rows go to results/models-gpu.json: their (dataset, run, seed) keys would replace the CPU rows in
     # models.json. Commit the rows that come back (benchmarks/curves.py builds the GPU tables from them).
@@ -213,7 +213,7 @@ case "$phase" in
       --runs "$SASREC_GRAPHED" || echo "gpu_session: graphed SASRec failed" >&2
     back
     within 170 "$PYTHON" benchmarks/bench_models.py "${gpu[@]}" --max-minutes 2.4 --work-dir "$WORK/bert4rec-graphed" \
-      --runs "$BERT4REC_GRAPHED" || echo "gpu_session: graphed BERT4Rec failed" >&2
+      --runs "$BERT4REC_EMA_WARMUP_GRAPHED" || echo "gpu_session: graphed BERT4Rec failed" >&2
     back
     within 70 "$PYTHON" "${step[@]}" --models "$MOJITO_WIDE_STEP" --batch-size 128 --cuda-graph \
       || echo "gpu_session: MOJITO's graphed step at width 128 failed" >&2
@@ -221,9 +221,7 @@ case "$phase" in
     # the quality seeds still missing, most telling first; a row that stopped early is done (one the clock
     # stopped is trained again)
     todo=()
-    for pair in "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA_GRAPHED 0" \
-                "$BERT4REC_MASK04_GRAPHED 1" \
-                "$BERT4REC_MASK04_GRAPHED 2" "$BERT4REC_GRAPHED 1" "$BERT4REC_GRAPHED 2" \
+    for pair in "$BERT4REC_EMA_WARMUP_GRAPHED 0" "$BERT4REC_EMA_WARMUP_GRAPHED 1" "$BERT4REC_EMA_WARMUP_GRAPHED 2" \
                 "$MOJITO_LR2_GRAPHED 1" "$MOJITO_LR2_GRAPHED 2" \
                 "$MOJITO_WIDE_GRAPHED 0" "$MOJITO_WIDE_GRAPHED 1" "$MOJITO_WIDE_GRAPHED 2" \
                 "$MOJITO 0" "$MOJITO 1" "$MOJITO 2" "$BERT4REC 0" "$BERT4REC 1" "$BERT4REC 2"; do
@@ -234,19 +232,19 @@ case "$phase" in
     results=()  # each piece copied its files already
     ;;
   bert4rec)
-    # Issue 11's last open aim (BERT4Rec >= 0.90 x SASRec on ml-1m-half; 0.89 x with train.ema 0.999 since
+    # Issue 11's last open aim (BERT4Rec >= 0.90 x SASRec on ml-1m-half; 0.89 x with train.ema 0.999,
     # session 32) and nothing else: QUICK_SHARED (default 6) quality seeds at once for QUICK_S seconds, most
     # telling first; a pair already in models-gpu.json (stopped early) is skipped. Session 32 ran everything
-    # up to the warm-up seeds: the average with its decay warmed up on three seeds (its mean is what the aim
-    # reads), then the average alone on seeds 45-46 (two more seeds of the best setting so far). Same use as
-    # quick: `QUICK_S=545 ... gpu_session.sh bert4rec`, carry .gpu-data.
+    # up to the warm-up seeds: BERT4Rec's defaults since then (the average with its decay warmed up), graphed,
+    # on five seeds (their mean is what the aim reads). Same use as quick: `QUICK_S=545 ... gpu_session.sh
+    # bert4rec`, carry .gpu-data.
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     todo=()
     for pair in "$BERT4REC_EMA_GRAPHED 0" "$BERT4REC_EMA_GRAPHED 1" "$BERT4REC_EMA_GRAPHED 2" \
                 "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_MASK04_EMA_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 0" \
                 "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 1" "$BERT4REC_EMA9995_GRAPHED 2" \
                 "$BERT4REC_EMA_WARMUP_GRAPHED 0" "$BERT4REC_EMA_WARMUP_GRAPHED 1" "$BERT4REC_EMA_WARMUP_GRAPHED 2" \
-                "$BERT4REC_EMA_GRAPHED 3" "$BERT4REC_EMA_GRAPHED 4" "$BERT4REC_GRAPHED 3"; do
+                "$BERT4REC_EMA_WARMUP_GRAPHED 3" "$BERT4REC_EMA_WARMUP_GRAPHED 4"; do
       done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
     shared_runs "${QUICK_SHARED:-6}" "${todo[@]}"

@@ -404,6 +404,26 @@ def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_pat
     assert [r["seed"] for r in merge([same], path)] == [42, 43]
 
 
+def test_a_row_of_a_new_setting_cannot_join_rows_stored_before_the_key_existed(tmp_path):
+    """Rows stored before `train.ema_warmup` existed record no such key: they are read at the value that
+    trains as before (False), so a row of the same string with the warm-up is refused beside them, and one
+    without it joins them."""
+    from bench_models import merge
+
+    path = tmp_path / "rows.json"
+    run = curves.BERT4REC_EMA_GRAPHED
+    old = {"dataset": "ml-1m-half", "run": run, "seed": 42, "test_ndcg@10": 0.1687, "config": {"dim": 64},
+           "train": {"ema": 0.999, "max_minutes": 0.0, "seed": 42}}
+    merge([old], path)
+    before = path.read_text()
+    warmed = {**old, "seed": 45, "train": {**old["train"], "seed": 45, "ema_warmup": True}}
+    with pytest.raises(SystemExit, match=r"seed 42 trained with other settings — ema_warmup=False \(now True\)"):
+        merge([warmed], path)
+    assert path.read_text() == before
+    plain = {**warmed, "train": {**warmed["train"], "ema_warmup": False}}
+    assert [r["seed"] for r in merge([plain], path)] == [42, 45]
+
+
 def test_a_run_its_results_file_would_refuse_is_refused_before_it_trains(tmp_path):
     """The refusal above, hours sooner: bench_models checks every run and seed it is asked for against the
     rows of its --results file before it prepares the data, and stops with the same sentence."""
@@ -557,7 +577,8 @@ def test_the_gpu_session_script_trains_todays_defaults():
     for command in trains:
         assert "--results benchmarks/results/models-gpu.json" in command or '"${gpu[@]}"' in command, command
     lines = [line for line in script.splitlines()
-             if line.split("=")[0] in {"SASREC_D64", "SASREC", "BERT4REC", "MOJITO_LONG", "MOJITO"}]
+             if line.split("=")[0] in {"SASREC_D64", "SASREC", "BERT4REC_LIS01", "BERT4REC", "MOJITO_LONG",
+                                       "MOJITO"}]
     # the bash twins of curves.py's strings: today's SASRec defaults, and the other two models at its width
     sasrec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$SASREC"'])], capture_output=True, text=True,
                             check=True).stdout.strip()
@@ -565,25 +586,29 @@ def test_the_gpu_session_script_trains_todays_defaults():
     mojito = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$MOJITO"'])], capture_output=True,
                             text=True, check=True).stdout.strip()
     assert mojito == curves.MOJITO_DEFAULT_RUN
+    bert4rec = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$BERT4REC"'])], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    assert bert4rec == curves.BERT4REC_DEFAULT_RUN
     for name in ("MOJITO_WIDE", "MOJITO_GRAPHED", "MOJITO_WIDE_GRAPHED", "MOJITO_LR2_GRAPHED", "SASREC_GRAPHED",
                  "BERT4REC_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED", "BERT4REC_MASK04_GRAPHED",
-                 "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED"):
+                 "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED", "BERT4REC_EMA9995_GRAPHED",
+                 "BERT4REC_MASK04_EMA_GRAPHED", "BERT4REC_EMA_WARMUP_GRAPHED"):
         defs = [line for line in script.splitlines()
-                if line.split("=")[0] in {"MOJITO_WIDE", "BERT4REC_GRAPHED", name}]
+                if line.split("=")[0] in {"MOJITO_WIDE", "BERT4REC_GRAPHED", "BERT4REC_EMA_GRAPHED",
+                                          "BERT4REC_MASK04_GRAPHED", name}]
         got = subprocess.run(["bash", "-c", "\n".join([*lines, *defs, f'echo "${name}"'])],
                              capture_output=True, text=True, check=True).stdout.strip()
         assert got == getattr(curves, name)
     quick = script.split("\n  quick)")[1].split(";;")[0]
     # quick's shared runs are (run, seed offset) pairs: the defaults, MOJITO at SASRec's width, BERT4Rec's
     # candidates; its timed runs, alone on the device, the two sides of BERT4Rec's GPU time ratio
-    assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_MASK04_GRAPHED",
-                                                  "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED",
-                                                  "BERT4REC_GRAPHED",
+    assert all(f'"${name} ' in quick for name in ("MOJITO", "BERT4REC", "BERT4REC_EMA_WARMUP_GRAPHED",
                                                   "MOJITO_WIDE_GRAPHED"))
-    assert '"$SASREC_GRAPHED"' in quick and '"$BERT4REC_GRAPHED"' in quick and '"$MOJITO_WIDE_STEP"' in quick
+    assert '"$SASREC_GRAPHED"' in quick and '"$BERT4REC_EMA_WARMUP_GRAPHED"' in quick
+    assert '"$MOJITO_WIDE_STEP"' in quick
     assert "\nMOJITO_WIDE_STEP='mojito@dim=128'\n" in script
     assert f"\nMOJITO_LONG='{curves.MOJITO_LONG}'\n" in script
-    assert f"\nBERT4REC='{curves.BERT4REC_DEFAULT_RUN}'\n" in script
+    assert f"\nBERT4REC_LIS01='{curves.BERT4REC_LIS01}'\n" in script
     for phase in ("claims", "quick"):  # both phases that train the claims, from those two definitions
         claims = script.split(f"\n  {phase})")[1].split(";;")[0]
         assert '"$MOJITO' in claims and '"$BERT4REC' in claims
