@@ -133,7 +133,7 @@ BERT4REC_WIDE_D03_GRAPHED = f"{BERT4REC_WIDE.replace('dropout=0.2', 'dropout=0.3
 # Session 29 (for a GPU lease; no rows yet): the defaults' ml-1m-half validation curves swing by ±0.005
 # between nearby epochs and still rise when patience stops them (seed 44: 0.1748 at epoch 321, stopped at
 # 376), so validate, keep and test a moving average of the weights (train.ema; +0.0007 on ml-100k seed 42,
-# session 15, at decay 0.99; 0.999 spans ~1,000 steps, a few ml-1m-half epochs at batch 128).
+# session 15, at decay 0.99; 0.999 spans ~1,000 steps, ~30 ml-1m-half epochs at batch 128).
 BERT4REC_EMA_GRAPHED = f"{BERT4REC_GRAPHED},ema=0.999"
 # Session 32 (gpu_session.sh bert4rec): a slower average (session 31's CPU probe of 0.999, seed 42 capped at
 # epoch 242: test 0.1708 above every default seed while its validation lagged theirs), and the average on the
