@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -39,6 +40,23 @@ def sigint_as_in_a_terminal() -> None:
     A suite started in the background (`cmd &`, nohup, some CI runners) hands its processes SIGINT ignored,
     and Python then installs no KeyboardInterrupt handler: the interrupt would never arrive."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt_when(cmd: list[str], ready, seconds: float, poll: float, **popen) -> None:
+    """Run `cmd` (Ctrl-C as in a terminal), wait up to `seconds` until `ready()` holds, send SIGINT, and check
+    that it ended by the interrupt saying only `interrupted`, with no traceback."""
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=sigint_as_in_a_terminal, **popen)  # noqa: PLW1509 (one signal call)
+    try:
+        deadline = time.monotonic() + seconds
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(poll)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == -signal.SIGINT, err[-2000:]
+    assert err.rstrip().splitlines()[-1] == "interrupted" and "Traceback" not in err, err[-2000:]
 
 
 def merge_params(base: dict, override: dict) -> dict:
