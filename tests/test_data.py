@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -331,25 +333,35 @@ def test_bootstrap_knows_the_files_the_seed_is_written_as(tmp_path):
 
 
 def test_an_atomic_write_removes_what_a_killed_writer_left(tmp_path):
-    """A kill between a writer's temp file and its rename leaves `.<name>.<pid>.tmp`; the next write into that
-    folder removes it, whichever file it writes (`data batch 1` killed, then `data batch 2`). A temp file of a
-    writer that still runs, and files of other names, are left alone."""
+    """A kill between a writer's temp file and its rename leaves `.<name>.<host>.<pid>.tmp`; the next write into
+    that folder removes it, whichever file it writes (`data batch 1` killed, then `data batch 2`). A temp file
+    of a writer that still runs, and files of other names, are left alone; so is another machine's (a folder
+    several hosts share: its PID means nothing here) or an older version's `.<name>.<pid>.tmp` until it is a
+    day old."""
     import subprocess
 
-    from recsys.atomic import write_text_atomic
+    from recsys.atomic import FOREIGN_STALE_SECONDS, HOST, write_text_atomic
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                            text=True, check=True)
-    killed = tmp_path / f".items.csv.{int(ended.stdout)}.tmp"
-    other = tmp_path / f".users.csv.{int(ended.stdout)}.tmp"
+    dead = int(ended.stdout)
+    killed = tmp_path / f".items.csv.{HOST}.{dead}.tmp"
+    other = tmp_path / f".users.csv.{HOST}.{dead}.tmp"
+    remote = tmp_path / f".items.csv.producer-7.{dead}.tmp"  # a live writer on another host, for all we know
+    legacy = tmp_path / f".items.csv.{dead}.tmp"
+    remote_old = tmp_path / f".users.csv.producer-7.{dead}.tmp"
+    legacy_old = tmp_path / f".users.csv.{dead}.tmp"
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as living:
-        running = tmp_path / f".items.csv.{living.pid}.tmp"
-        for leftover in (killed, other, running, tmp_path / "notes.tmp", tmp_path / ".hidden.tmp"):
+        running = tmp_path / f".items.csv.{HOST}.{living.pid}.tmp"
+        kept = [running, remote, legacy, tmp_path / "notes.tmp", tmp_path / ".hidden.tmp"]
+        for leftover in (killed, other, remote_old, legacy_old, *kept):
             leftover.write_text("half")
+        day_ago = time.time() - FOREIGN_STALE_SECONDS - 60
+        for old in (remote_old, legacy_old):
+            os.utime(old, (day_ago, day_ago))
         try:
             write_text_atomic(tmp_path / "items.csv", "item_id\n1\n", tmp_path)
         finally:
             living.kill()
     assert (tmp_path / "items.csv").read_text() == "item_id\n1\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["items.csv", running.name, "notes.tmp",
-                                                                 ".hidden.tmp"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["items.csv", *(p.name for p in kept)])
