@@ -85,6 +85,9 @@ BERT4REC_EMA9995_GRAPHED="${BERT4REC_GRAPHED},ema=0.9995"
 BERT4REC_MASK04_EMA_GRAPHED="${BERT4REC_MASK04_GRAPHED},ema=0.999"
 # and, after them, the average with its decay warmed up (curves.py BERT4REC_EMA_WARMUP_GRAPHED)
 BERT4REC_EMA_WARMUP_GRAPHED="${BERT4REC_EMA_GRAPHED},ema_warmup=true"
+# session 33's: twice the patience (curves.py BERT4REC_EMA_WARMUP_P80_GRAPHED; the average's validation still rose
+# when patience 40 stopped it)
+BERT4REC_EMA_WARMUP_P80_GRAPHED="${BERT4REC_EMA_WARMUP_GRAPHED/patience=40/patience=80}"
 # bench_step.py's MOJITO at README's GPU width
 MOJITO_WIDE_STEP='mojito@dim=128'
 # the 10-s budget's large-batch SASRec (add batch_size=N): sqrt-scaled rate, a short warm-up, no epoch floor
@@ -236,7 +239,8 @@ case "$phase" in
     # session 32) and nothing else: QUICK_SHARED (default 6) quality seeds at once for QUICK_S seconds, most
     # telling first; a pair already in models-gpu.json (stopped early) is skipped. Session 32 ran everything
     # up to the warm-up seeds: BERT4Rec's defaults since then (the average with its decay warmed up), graphed,
-    # on five seeds (their mean is what the aim reads). Same use as quick: `QUICK_S=545 ... gpu_session.sh
+    # on five seeds (their mean is what the aim reads), then twice the patience (session 33: the average's
+    # validation still rose when patience 40 stopped it). Same use as quick: `QUICK_S=545 ... gpu_session.sh
     # bert4rec`, carry .gpu-data.
     [[ "$DEVICE" != cuda ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     todo=()
@@ -244,7 +248,9 @@ case "$phase" in
                 "$BERT4REC_MASK04_GRAPHED 0" "$BERT4REC_MASK04_EMA_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 0" \
                 "$BERT4REC_WIDE_D03_GRAPHED 0" "$BERT4REC_EMA9995_GRAPHED 1" "$BERT4REC_EMA9995_GRAPHED 2" \
                 "$BERT4REC_EMA_WARMUP_GRAPHED 0" "$BERT4REC_EMA_WARMUP_GRAPHED 1" "$BERT4REC_EMA_WARMUP_GRAPHED 2" \
-                "$BERT4REC_EMA_WARMUP_GRAPHED 3" "$BERT4REC_EMA_WARMUP_GRAPHED 4"; do
+                "$BERT4REC_EMA_WARMUP_GRAPHED 3" "$BERT4REC_EMA_WARMUP_GRAPHED 4" \
+                "$BERT4REC_EMA_WARMUP_P80_GRAPHED 0" "$BERT4REC_EMA_WARMUP_P80_GRAPHED 1" \
+                "$BERT4REC_EMA_WARMUP_P80_GRAPHED 2"; do
       done_on_gpu "${pair% *}" "${pair##* }" || todo+=("$pair")
     done
     shared_runs "${QUICK_SHARED:-6}" "${todo[@]}"
