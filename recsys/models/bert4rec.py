@@ -37,6 +37,7 @@ from torch import nn
 from recsys.model_configs import BERT4RecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.dropout import Dropout
 from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 
@@ -68,7 +69,7 @@ class BERT4Rec(SequentialModel):
         self.mask_id = n_items + 1
         self.item_emb = nn.Embedding(n_items + 2, d, padding_idx=0)  # 0 = padding, n_items + 1 = [mask]
         self.pos_emb = nn.Embedding(config.max_len, d)
-        self.emb_dropout = nn.Dropout(config.dropout)
+        self.emb_dropout = Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=config.ffn_dim, activation="gelu",
                              residual=config.residual)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.model_configs import check_residual
+from recsys.models.dropout import Dropout, dropout
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -28,7 +29,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
-        self.resid_dropout = nn.Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor, last_only: bool = False, kv: torch.Tensor | None = None
@@ -46,11 +47,24 @@ class MultiHeadSelfAttention(nn.Module):
         Lq = q.shape[1]
         q = q.reshape(B, Lq, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, Lq, D/H)
         k, v = (t.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, Lq, D/H)
+        if self.training and self.dropout > 0 and q.device.type == "cpu":
+            y = attend_with_dropout(q, k, v, attn_mask, self.dropout)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, H, Lq, D/H)
         y = y.transpose(1, 2).reshape(B, Lq, D)
         return self.resid_dropout(self.proj(y))
+
+
+def attend_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
+                        p: float) -> torch.Tensor:
+    """What `scaled_dot_product_attention` computes on a CPU with `dropout_p=p` (its math path: scores,
+    softmax, dropout on the weights, weighted sum), with the weights' mask drawn by `dropout` (models/dropout.py:
+    SDPA's own draws one Mersenne-Twister float per weight, B·H·L² of them)."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, Lq, L)
+    weights = torch.softmax(scores.masked_fill(~attn_mask, float("-inf")), dim=-1)
+    return dropout(weights, p, True) @ v
 
 
 class FeedForward(nn.Module):
@@ -59,7 +73,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.fc2(self.dropout(self.act(self.fc1(x)))))

@@ -51,6 +51,7 @@ from torch import nn
 from recsys.model_configs import MojitoConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import attention_mask
+from recsys.models.dropout import Dropout
 from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
 from recsys.models.time_features import FEATURE_MAX, N_TIME_FEATURES, MercerTimeEncoding, time_features
@@ -72,7 +73,7 @@ class MixtureAttention(nn.Module):
         # Reference `hdp_net`: per (query, key) pair, the 2 global scores → H head scores.
         self.mix1 = nn.Linear(self.N_GLOBAL, n_heads)
         self.mix2 = nn.Linear(n_heads, n_heads)
-        self.attn_dropout = nn.Dropout(dropout)
+        self.attn_dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -132,9 +133,9 @@ class MojitoBlock(nn.Module):
         self.ffn = nn.Sequential(
             nn.Linear(2 * dim, 2 * dim),
             nn.ReLU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(2 * dim, 2 * dim),
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
 
     def forward(self, x, ctx, mask, valid, sigma, last_only: bool = False):
@@ -176,7 +177,7 @@ class Mojito(SequentialModel):
             N_TIME_FEATURES, config.time_dim, config.time_expand, config.time_linspace, FEATURE_MAX
         )
         self.ctx_proj = nn.Linear(N_TIME_FEATURES * config.time_dim, d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.sigma_noise = nn.Parameter(torch.full((MixtureAttention.N_GLOBAL,), config.noise_init))
         self.blocks = nn.ModuleList(
             MojitoBlock(d, config.n_heads, config.dropout, config.residual) for _ in range(config.n_layers)

@@ -28,6 +28,7 @@ from torch import nn
 from recsys.model_configs import SASRecConfig
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.dropout import Dropout, dropout
 from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 
 
@@ -69,7 +70,7 @@ class SASRec(SequentialModel):
         d = config.dim
         self.item_emb = nn.Embedding(n_items + 1, d, padding_idx=0)
         self.pos_emb = nn.Embedding(config.max_len, d)
-        self.emb_dropout = nn.Dropout(config.dropout)
+        self.emb_dropout = Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=d, residual=config.residual)
             for _ in range(config.n_layers)
@@ -79,7 +80,7 @@ class SASRec(SequentialModel):
 
     def item_table(self) -> torch.Tensor:
         """(I + 1, D) item embeddings as this step sees them: with `item_dropout` while training."""
-        return F.dropout(self.item_emb.weight, self.config.item_dropout, self.training)
+        return dropout(self.item_emb.weight, self.config.item_dropout, self.training)
 
     def forward(self, batch: Batch, last_only: bool = False, table: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L, D) outputs; `table` is the item embedding table to look the inputs up in (default: this
