@@ -53,6 +53,7 @@ from recsys.device import resolve_device  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
+from recsys.models.dropout import CPU_MASKS  # noqa: E402
 from recsys.model_configs import SEED_MAX, TRAINABLE, TrainConfig  # noqa: E402
 from recsys.prepare import prepare, save  # noqa: E402
 from recsys.train import train_model  # noqa: E402
@@ -274,6 +275,9 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         "train_sequences_per_second": round(result.sequences_per_second, 1),
         "eval_seconds_all_users": round(ev.seconds, 3),
         "stopped_by": result.stopped_by,
+        # How dropout drew its masks, where that is this code's (a CPU; CUDA keeps torch's): it sets a CPU
+        # epoch's cost (session 33: 11-18 % less than rows before, which lack the key), not what is learned.
+        "dropout_masks": CPU_MASKS if resolve_device(device).type == "cpu" else "torch",
         # Other work on the same cores inflates the times; the 1-minute load average says how much.
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "curve": [json.loads(json.dumps(r)) for r in _read_curve(work / f"{out.name}.csv")],

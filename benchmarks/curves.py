@@ -366,6 +366,13 @@ def processor(row: dict) -> str:
 
 
 DIFFERENT_MACHINES = "on different machines"
+DIFFERENT_DROPOUT = "dropout masks"
+
+
+def dropout_masks(row: dict) -> str:
+    """How the row's training drew dropout masks: rows before session 33 lack the key, and drew them with
+    torch's `bernoulli_` everywhere (a CPU epoch 11-18 % dearer than with recsys/models/dropout.py's)."""
+    return str(row.get("dropout_masks", "torch"))
 AIMS_HEADER = (
     "| dataset | comparison | seeds | test NDCG@10 (model / base, mean ± sd) | ratio of means [95 % paired "
     "bootstrap] | time to best (model / base) | time ratio | aim | verdict |\n"
@@ -403,6 +410,9 @@ def compare(dataset: str, model: str, base: str, aim: float, time_aim: float | N
         machines = sorted({processor(r) for r in m + b if row_seed(r) in alone})
         if len(machines) > 1:
             times += f" ({DIFFERENT_MACHINES}: {' / '.join(machines)})"
+        masks = [sorted({dropout_masks(r) for r in side if row_seed(r) in alone}) for side in (m, b)]
+        if masks[0] != masks[1]:  # one side's CPU epochs cheaper by the dropout change alone
+            times += f" ({DIFFERENT_DROPOUT}: {' / '.join(', '.join(side) for side in masks)})"
         time_text = f"{time_ratio:.1f} ×"
     else:
         time_ratio, times, time_text = None, "— (every seed shared the device)", "—"

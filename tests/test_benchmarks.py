@@ -92,6 +92,18 @@ def test_a_time_ratio_across_machines_says_so():
     assert "| 200 / 100 CPU s | 2.0 × |" in curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
 
 
+def test_a_time_ratio_across_the_cpu_dropout_change_says_so():
+    """Session 33's CPU dropout made a CPU epoch 11-18 % cheaper: a ratio of a row trained with it (its
+    `dropout_masks`) and one from before (no key: torch's) names both; rows alike in it say nothing."""
+    base = curves.SASREC_DEFAULT_RUN
+    rows = {"bert4rec": [{**_row("bert4rec", 42, 0.10, 900.0, 200.0), "dropout_masks": "16-bit lanes"}],
+            base: [_row(base, 42, 0.11, 300.0, 100.0)]}
+    line = curves.compare("ml-100k", "bert4rec", base, 0.90, 3.0, rows)
+    assert "| 200 / 100 CPU s (dropout masks: 16-bit lanes / torch) | 2.0 × |" in line
+    rows[base][0]["dropout_masks"] = "16-bit lanes"
+    assert "| 200 / 100 CPU s | 2.0 × |" in curves.compare("ml-100k", "bert4rec", base, 0.90, 3.0, rows)
+
+
 def test_the_same_machine_table_puts_a_claims_two_sides_on_one_machine():
     """results/same-machine.json holds base rows re-trained on the model's machine: the same-machine table
     shows a claim again with them in place of the rows of their (dataset, run, seed), and only a claim whose
@@ -551,6 +563,7 @@ def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reus
 
     first = bench("1e-9")
     assert (first["sasrec"]["stopped_by"], first["sasrec"]["epochs_run"]) == ("time_limit", 1)
+    assert first["sasrec"]["dropout_masks"] == "16-bit lanes"  # a CPU row says how it drew them (curves.py)
     kept = work / "resume" / f"sasrec-seed{first['sasrec']['seed']}"
     assert any(kept.iterdir())  # the clock stopped it: its state stays for a longer rerun
     second = bench("0")

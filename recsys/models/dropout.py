@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _BITS = 16
+CPU_MASKS = "16-bit lanes"  # how a CPU draws dropout masks (benchmark rows record it: before, torch's bernoulli_)
 
 
 def keep_threshold(p: float) -> int:
