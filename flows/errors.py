@@ -117,8 +117,14 @@ def _short(err: BaseException) -> str:
     return (str(err).splitlines() or [type(err).__name__])[0][:200]
 
 
-def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bool = True) -> Any:
+def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bool = True,
+             precheck: Callable[[], None] | None = None) -> Any:
     """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
+
+    `precheck` runs first: what the command line names that the flow would refuse in its first steps (a
+    repository that is none, a model params.yaml does not list, an inbox that is no inbox) is refused there,
+    in a second, before a temporary server starts and a failed flow run is recorded (the flow checks again
+    what a UI or API run passes, which no command line has checked).
 
     The line is printed at interpreter exit by a handler registered before the flow starts Prefect's
     temporary API server: exit handlers run last-registered first, so the server's shutdown message comes
@@ -133,6 +139,16 @@ def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bo
 
     from flows.ephemeral import start_in_own_session
 
+    if precheck is not None:
+        try:
+            precheck()
+        except Exception as err:
+            if not is_user_error(err):
+                raise
+            if verbose:
+                traceback.print_exception(err)
+            print(error_line(err), file=sys.stderr, flush=True)
+            sys.exit(1)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
     if not verbose:  # every API request at INFO (`flows.zombies` printed them as its output)
         logging.getLogger("httpx").setLevel(logging.WARNING)

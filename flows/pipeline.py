@@ -19,7 +19,8 @@ from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, quiet_console, run_main
 from flows.ingest import has_batches_or_unfinished_work, ingest, ingest_config, ingest_outcome, summarise
-from flows.retrain import add_fan_out_arguments, check_fan_out_arguments, check_run_parameters, retrain
+from flows.retrain import (add_fan_out_arguments, check_command_line, check_fan_out_arguments, check_run_parameters,
+                           retrain)
 from recsys.entry import ArgumentParser, positive_int
 from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.errors import BatchesRejected
@@ -105,7 +106,11 @@ def main(argv: list[str] | None = None) -> None:
         # A sample of what the champion recommends when something changed (scoring loads torch and the model).
         print(describe_champion(Path(args.repo_root), summary["retrain"].get("decision"), k=5 if changed else 0))
 
-    run_main(run, args.verbose)
+    def precheck() -> None:
+        check_command_line(args.repo_root, args.models)
+        ingest_config(args.repo_root, args.inbox)
+
+    run_main(run, args.verbose, precheck=precheck)
 
 
 if __name__ == "__main__":

@@ -202,6 +202,14 @@ def retrain(
     }
 
 
+def check_command_line(repo_root: str, models: list[str] | None) -> None:
+    """`run_main`'s precheck for this flow's and the pipeline's command lines: the repository and the models
+    the flow's first steps would refuse (`workspace_root`, `select_models`)."""
+    root = workspace_root(repo_root)
+    if models is not None:
+        select_models(load_params(Layout(root).params), models)
+
+
 def deployment_name(text: str) -> str:
     """argparse type of `--fan-out`: refused as a command line that does not parse (exit 2), before a flow run
     is created, rather than as a run that fails (the flow checks again what a UI or API run passes)."""
@@ -240,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     check_fan_out_arguments(parser, args)
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
                                        repo_root=args.repo_root, fan_out=args.fan_out,
-                                       fan_out_idle_minutes=args.fan_out_idle_minutes), args.verbose)
+                                       fan_out_idle_minutes=args.fan_out_idle_minutes), args.verbose,
+                       precheck=lambda: check_command_line(args.repo_root, args.models))
     print(json.dumps(summary, indent=2, default=str))
 
 

@@ -186,3 +186,28 @@ def test_the_rejection_line_says_rejected_once_per_batch(tmp_path):
         f"rejected 1 of 2 batches: b.csv: it has 0 data rows, at least 1 required (moved to "
         f"{tmp_path}/inbox/rejected/, report: reports/ingest/b.md)")
     assert rejection(summaries[:1], tmp_path) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["flows.retrain", "--models", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
+    (["flows.pipeline", "--models", "sasrec", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
+    (["flows.pipeline", "--inbox", "missing"], "inbox missing is not a folder"),
+    (["flows.ingest", "--inbox", "missing"], "inbox missing is not a folder"),
+    (["flows.ingest", "--inbox", "."], "inbox {repo} is the repository root"),
+    (["flows.retrain", "--repo-root", "nowhere"], "--repo-root nowhere: no such folder"),
+    (["flows.pipeline", "--repo-root", "sub"], "--repo-root sub: {repo}/sub holds no params.yaml"),
+], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+def test_a_flow_command_line_the_flow_would_refuse_is_refused_before_a_server_starts(argv, message, tmp_path):
+    """`python -m flows.retrain --models nosuch` started Prefect's temporary server, recorded a failed flow
+    run and printed the reason twice among seven lines (~20 s); now the command line is checked first: one
+    `error:` line, exit 1, and no server database in PREFECT_HOME (no run was recorded)."""
+    repo = (tmp_path / "repo").resolve()
+    (repo / "sub").mkdir(parents=True)
+    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    env = flow_env(tmp_path)
+    done = subprocess.run([sys.executable, "-m", *argv, *([] if "--repo-root" in argv else ["--repo-root", "."])],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "" and done.stderr.startswith(f"error: {message.format(repo=repo)}"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert not list((tmp_path / "prefect-home").rglob("*.db"))  # no temporary server, no flow run
