@@ -19,8 +19,13 @@ from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, quiet_console, run_main
 from flows.ingest import has_batches_or_unfinished_work, ingest, ingest_config, ingest_outcome, summarise
-from flows.retrain import (add_fan_out_arguments, check_command_line, check_fan_out_arguments, check_run_parameters,
-                           retrain)
+from flows.retrain import (
+    add_fan_out_arguments,
+    check_command_line,
+    check_fan_out_arguments,
+    check_run_parameters,
+    retrain,
+)
 from recsys.entry import ArgumentParser, positive_int
 from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.errors import BatchesRejected
