@@ -89,6 +89,7 @@ def recommend(
 
 
 CHAMPION, BASELINE_CHAMPION, POPULARITY_FALLBACK = "champion", "baseline_champion", "popularity_fallback"
+NOTHING_TO_COUNT = "the prepared dataset holds no events up to"  # (in a reason: why the answer is empty)
 
 
 class RecommendError(ValueError):
@@ -352,7 +353,10 @@ def _popularity(
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
-    return [(raw, count) for raw, count in prepared.popularity(at_time) if raw not in seen][:k]
+    counted = prepared.popularity(at_time)
+    if not counted:  # (else an empty answer means the history holds every item counted)
+        result.reason += f"; {NOTHING_TO_COUNT} {result.at} to count"
+    return [(raw, count) for raw, count in counted if raw not in seen][:k]
 
 
 def gate_metric(decision: dict[str, Any] | None, champion_version: int) -> float | None:

@@ -194,5 +194,12 @@ def test_dataset_popularity_as_of_a_time_counts_no_event_after_it(tmp_path):
     assert {r["item_id"] for r in before_m3["recommendations"]} == {"m1", "m4"}
     nothing_yet = recommend_json(params_path, "--history", "x", "--at", "2001-01-01T00:00:00Z")
     assert nothing_yet["recommendations"] == []
+    assert nothing_yet["reason"].endswith("; the prepared dataset holds no events up to 2001-01-01T00:00:00+00:00 "
+                                          "to count")  # not "the history covers every item"
+    text = invoke(recommend_app, "--history", "x", "--at", "2001-01-01T00:00:00Z", "--params", str(params_path))
+    assert text.exit_code == 0 and text.output.splitlines()[1:] == ["(nothing to recommend: see above)"]
+    covered = invoke(recommend_app, "--history", "m1,m3,m4", "--params", str(params_path))  # all it counts
+    assert covered.output.splitlines()[1:] == [
+        "(nothing left to recommend: the history covers every item the answer could rank)"]
     everything = recommend_json(params_path, "--history", "x")
     assert {r["item_id"] for r in everything["recommendations"]} == {"m1", "m3", "m4"}

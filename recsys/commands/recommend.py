@@ -26,7 +26,7 @@ from recsys.commands.registry import (
 )
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
-from recsys.recommend import Answer, RecommendError, answer, parse_history, parse_time
+from recsys.recommend import NOTHING_TO_COUNT, Answer, RecommendError, answer, parse_history, parse_time
 
 
 def _print(result: Answer) -> None:
@@ -36,7 +36,8 @@ def _print(result: Answer) -> None:
           else result.architecture)
     typer.echo(f"top {result.k} for {subject} from {by} [{result.source}]: {result.reason}")
     if not result.recommendations:
-        typer.echo("(nothing left to recommend: the history covers every item the model knows)")
+        typer.echo("(nothing to recommend: see above)" if NOTHING_TO_COUNT in result.reason else
+                   "(nothing left to recommend: the history covers every item the answer could rank)")
     for r in result.recommendations:
         title = f"  {r.title}" if r.title else ""
         typer.echo(f"{r.rank:>3}. {r.item_id}{title}  (score {r.score:.4f})")
