@@ -338,7 +338,7 @@ def refuse_conflict(keep: dict, row: dict, path: Path) -> None:
     if diff:
         dataset, run, seed = row_key(stored)
         raise SystemExit(
-            f"{path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
+            f"error: {path} already holds {dataset} `{run}` seed {seed} trained with other settings — "
             f"{described(diff)}: params.yaml has changed since that row; spell the old value in the run "
             f"(`{run.partition('@')[0]}@...,{diff[0][0]}={diff[0][1]!r}`) to measure it again, or remove "
             "that row to replace it")

@@ -468,8 +468,8 @@ def test_a_run_its_results_file_would_refuse_is_refused_before_it_trains(tmp_pat
          "--data-root", str(tmp_path / "no-data"), "--results", str(path), "--runs", curves.SASREC_D64],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
     assert got.returncode != 0
-    assert "already holds ml-100k" in got.stderr and "dim=64 (now 128)" in got.stderr
-    assert "Traceback" not in got.stderr
+    assert got.stderr.startswith(f"error: {path} already holds ml-100k") and "dim=64 (now 128)" in got.stderr
+    assert "Traceback" not in got.stderr and got.stderr.count("\n") == 1
     assert path.read_text() == before
 
 

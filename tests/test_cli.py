@@ -183,10 +183,11 @@ def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
     source = tmp_path / "events.csv"
     source.write_text("uid,sku,ts\na,x,1704067210\nb,y,1704067220\n")
     code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out",
-                           str(tmp_path / "data"), "--column", "user_id=uid", "--column", "item_id=sku",
+                           str(tmp_path / "store"), "--column", "user_id=uid", "--column", "item_id=sku",
                            "--column", "timestamp=ts")
     assert code == 0 and "wrote 2 interactions" in out
-    stored = read_store(tmp_path / "data")
+    assert out.rstrip().endswith(f"; run `dvc add {tmp_path / 'store'}` to version them")  # the folder it wrote
+    stored = read_store(tmp_path / "store")
     assert stored[["user_id", "item_id", "timestamp"]].values.tolist() == [["a", "x", 1704067210],
                                                                            ["b", "y", 1704067220]]
 
