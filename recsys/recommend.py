@@ -262,6 +262,10 @@ def answer(
     prepared = read_prepared(prepared_dir, required=user is not None)
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
+    # A user id not in the data (a typo, or someone new) gets an answer all the same, which says so
+    stranger = (f"; user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than "
+                "prepare's minimum)" if user is not None and prepared is not None and not prepared.has_user(user)
+                else "")
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
@@ -270,7 +274,7 @@ def answer(
             "nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
             "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and "
             "registers one — or `dvc repro` then `recsys registry promote --model mostpop`"))
-        result.reason = f"popularity fallback: no champion is registered yet; {result.reason}"
+        result.reason = f"popularity fallback: no champion is registered yet; {result.reason}{stranger}"
         return _with_items(result, ranked, prepared)
 
     champion = registry.champion_info()
@@ -278,7 +282,7 @@ def answer(
     model, meta = load_model(checkpoint)
     result = Answer(
         source=BASELINE_CHAMPION if champion.is_baseline else CHAMPION,
-        reason=(f"no model has passed the gate yet: baseline champion v{champion.version} answers"
+        reason=(f"no model has passed the gate yet: baseline champion v{champion.version} answers{stranger}"
                 if champion.is_baseline else f"champion v{champion.version} answers"),
         model_version=champion.version, architecture=champion.architecture,
         champion_version=champion.version, k=k, at=at, user=user, history=history,

@@ -62,6 +62,10 @@ def test_baseline_champion_answers_before_any_model_passes_the_gate(tmp_path):
     assert [r["item_id"] for r in answer["recommendations"]] == ["m2", "m4"]  # m1, m3 already seen
     text = invoke(recommend_app, "--user", "alice", "-k", "2", "--params", str(params_path))
     assert text.exit_code == 0 and "from v1 (mostpop) [baseline_champion]" in text.output.splitlines()[0]
+    assert "not in the prepared dataset" not in answer["reason"]
+    typo = recommend_json(params_path, "--user", "alcie", "-k", "2")  # answered, and says who it does not know
+    assert typo["source"] == "baseline_champion" and typo["reason"].endswith(
+        "; user 'alcie' is not in the prepared dataset (new, a typo, or with fewer events than prepare's minimum)")
 
 
 def test_a_user_the_champion_never_saw_gets_popularity_from_the_baseline(tmp_path):
@@ -162,6 +166,10 @@ def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tm
         assert answer["architecture"] == "dataset popularity"
         assert answer["reason"].startswith("popularity fallback: no champion is registered yet; item popularity")
         assert {r["item_id"] for r in answer["recommendations"]} == expected  # seen items never shown
+        assert "not in the prepared dataset" not in answer["reason"]
+    typo = recommend_json(params_path, "--user", "alcie", "-k", "3")
+    assert typo["reason"].endswith("; user 'alcie' is not in the prepared dataset (new, a typo, or with fewer "
+                                   "events than prepare's minimum)")
     text = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
     assert text.exit_code == 0
     assert text.output.splitlines()[0] == ("top 10 for user alice from dataset popularity [popularity_fallback]: "
