@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                                               formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--within", type=positive_int, default=90,
                         help=f"seconds without a heartbeat before a run is marked Crashed (at least "
-                             f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals)")
+                             f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals; default 90)")
     args = parser.parse_args(argv)
     automation = run_main(lambda: crash_silent_runs(args.within), args.verbose,
                           temporary_server=False)  # (it refuses one: one line at once, not a server first)
