@@ -10,10 +10,10 @@ import socket
 import time
 from pathlib import Path
 
-# A temp file is `.<name>.<host>.<pid>.tmp`: its writer is judged by its PID only on the machine that wrote it.
-# A folder on a file system several machines share (an inbox that producers on other hosts write into) holds
-# other hosts' temp files, whose PIDs mean nothing here: those are removed once no write could still be in
-# progress (a write takes seconds; a temp file left this long is a killed writer's on any machine).
+# A temp file is `.<name>.<host>.<pid>.tmp`: its writer is judged by its PID only on the machine that wrote
+# it. A folder on a file system several machines share (an inbox that producers on other hosts write into)
+# holds other hosts' temp files, whose PIDs mean nothing here: those are removed once no write could still be
+# in progress (a write takes seconds; a temp file left this long is a killed writer's on any machine).
 HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 FOREIGN_STALE_SECONDS = 24 * 3600
 

@@ -263,9 +263,9 @@ def answer(
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     # A user id not in the data (a typo, or someone new) gets an answer all the same, which says so
+    unknown = user is not None and prepared is not None and not prepared.has_user(user)
     stranger = (f"; user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than "
-                "prepare's minimum)" if user is not None and prepared is not None and not prepared.has_user(user)
-                else "")
+                "prepare's minimum)" if unknown else "")
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,

@@ -1,4 +1,4 @@
-"""The CPU's dropout (recsys/models/dropout.py) and the attention that uses it (blocks.attend_with_dropout)."""
+"""The CPU's dropout (recsys/models/dropout.py) and the attention that uses it (attend_with_dropout)."""
 
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ class MultiHeadSelfAttention(nn.Module):
 def attend_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
                         p: float) -> torch.Tensor:
     """What `scaled_dot_product_attention` computes on a CPU with `dropout_p=p` (its math path: scores,
-    softmax, dropout on the weights, weighted sum), with the weights' mask drawn by `dropout` (models/dropout.py:
-    SDPA's own draws one Mersenne-Twister float per weight, B·H·L² of them)."""
+    softmax, dropout on the weights, weighted sum), with the weights' mask drawn by `dropout`
+    (models/dropout.py: SDPA's own draws one Mersenne-Twister float per weight, B·H·L² of them)."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, Lq, L)
     weights = torch.softmax(scores.masked_fill(~attn_mask, float("-inf")), dim=-1)
     return dropout(weights, p, True) @ v

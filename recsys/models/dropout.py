@@ -6,10 +6,11 @@ attention. Here a mask element is 16 random bits instead: one 64-bit draw (`rand
 range) gives four of them, and an element is kept when its 16 bits fall below round((1 − p) · 2¹⁶) — a
 keep probability within 2⁻¹⁷ of 1 − p, with the kept values scaled by exactly its inverse, so the layer is
 unbiased as `nn.Dropout` is. The layer is one multiply by that scale-or-zero tensor, forward and backward
-(`nn.Dropout` keeps a boolean mask and converts it on each pass; this keeps the multiplier, 4 bytes an element).
+(`nn.Dropout` keeps a boolean mask and converts it on each pass; this keeps the multiplier, 4 bytes an
+element).
 
-Only on a CPU: on CUDA it is `F.dropout`, whose Philox draws are fast and which CUDA graphs capture. The draws come from the
-CPU generator, so `torch.manual_seed` and a resumed run's saved RNG state reproduce them exactly.
+Only on a CPU: on CUDA it is `F.dropout`, whose Philox draws are fast and which CUDA graphs capture. The draws
+come from the CPU generator, so `torch.manual_seed` and a resumed run's saved RNG state reproduce them exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _BITS = 16
-CPU_MASKS = "16-bit lanes"  # how a CPU draws dropout masks (benchmark rows record it: before, torch's bernoulli_)
+CPU_MASKS = "16-bit lanes"  # how a CPU draws the masks (benchmark rows record it; before: torch's bernoulli_)
 
 
 def keep_threshold(p: float) -> int:
