@@ -254,7 +254,8 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     # then costs the scoring, not the training.
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
                          resume_root=resume_root(work, run, train_config.seed), keep_final_state=True)
-    ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolve_device(device)))
+    resolved = resolve_device(device)
+    ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolved))
     return {
         "run": run,
         "seed": train_config.seed,
@@ -277,7 +278,7 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         "stopped_by": result.stopped_by,
         # How dropout drew its masks, where that is this code's (a CPU; CUDA keeps torch's): it sets a CPU
         # epoch's cost (session 33: 11-18 % less than rows before, which lack the key), not what is learned.
-        "dropout_masks": CPU_MASKS if resolve_device(device).type == "cpu" else "torch",
+        "dropout_masks": CPU_MASKS if resolved.type == "cpu" else "torch",
         # Other work on the same cores inflates the times; the 1-minute load average says how much.
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "curve": [json.loads(json.dumps(r)) for r in _read_curve(work / f"{out.name}.csv")],

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(summary, indent=2, default=str))
         return summary
 
-    run_main(run, args.verbose, precheck=lambda: ingest_config(str(workspace_root(args.repo_root)), args.inbox))
+    run_main(run, args.verbose, precheck=lambda: ingest_config(args.repo_root, args.inbox))
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def answer(
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     # A user id not in the data (a typo, or someone new) gets an answer all the same, which says so
-    unknown = user is not None and prepared is not None and not prepared.has_user(user)
+    unknown = user is not None and (prepared is None or not prepared.has_user(user))
     stranger = (f"; user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than "
                 "prepare's minimum)" if unknown else "")
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
@@ -292,8 +292,7 @@ def answer(
     if not champion.is_baseline:
         if user is not None and user not in known_users:
             fallback_reason = (
-                f"user {user!r} arrived after champion v{champion.version} was trained"
-                if prepared is not None and prepared.has_user(user) else
+                f"user {user!r} arrived after champion v{champion.version} was trained" if not unknown else
                 f"user {user!r} is not in the prepared dataset (new, or with fewer events than prepare's "
                 "minimum; their items are not known to be excluded)")
         elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input

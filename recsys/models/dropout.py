@@ -28,13 +28,13 @@ def keep_threshold(p: float) -> int:
     return round((1.0 - p) * (1 << _BITS))
 
 
-def cpu_noise(shape: torch.Size, p: float, dtype: torch.dtype) -> torch.Tensor:
-    """The layer's multiplier of `shape`: 2¹⁶ / threshold where an element is kept (unbiased), 0 where not."""
+def cpu_noise(shape: torch.Size, threshold: int, dtype: torch.dtype) -> torch.Tensor:
+    """The layer's multiplier of `shape`: 2¹⁶ / threshold where an element is kept (unbiased), 0 where not;
+    `threshold` is `keep_threshold(p)`, in 1 … 2¹⁶ − 1."""
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)  # all 64 bits uniform
     halves = words.view(torch.int16)[:n]  # read as −2¹⁵ … 2¹⁵ − 1
-    threshold = keep_threshold(p)  # of the 2¹⁶ values, those below −2¹⁵ + threshold keep the element
-    keep = halves < threshold - (1 << (_BITS - 1))
+    keep = halves < threshold - (1 << (_BITS - 1))  # `threshold` of the 2¹⁶ values are below −2¹⁵ + threshold
     return keep.to(dtype).mul_((1 << _BITS) / threshold).view(shape)
 
 
@@ -42,11 +42,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """`F.dropout(x, p, training)`, with the CPU's masks drawn as above."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or keep_threshold(p) < 1:  # (p within 2⁻¹⁷ of 1)
+    threshold = keep_threshold(p)
+    if x.device.type != "cpu" or threshold < 1:  # (p within 2⁻¹⁷ of 1)
         return F.dropout(x, p, training)
-    if keep_threshold(p) >= 1 << _BITS:  # p under 2⁻¹⁷: every element kept, scale 1
+    if threshold >= 1 << _BITS:  # p under 2⁻¹⁷: every element kept, scale 1
         return x
-    return x * cpu_noise(x.shape, p, x.dtype)  # (what autograd keeps for the backward pass: the multiplier)
+    return x * cpu_noise(x.shape, threshold, x.dtype)  # (autograd keeps the multiplier for the backward pass)
 
 
 class Dropout(nn.Dropout):
