@@ -12,6 +12,8 @@ root's mount; never the registry database.
 
 from __future__ import annotations
 
+import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from prefect import flow, get_run_logger, task
 
 from flows.errors import quiet_console, retry_if_transient
 from recsys import fanout
+from recsys.entry import ArgumentParser
 
 
 @task(name="check-out")
@@ -56,3 +59,23 @@ def train_model(model: str, commit: str, files: dict[str, str], repo_root: str =
     push(root, model)
     logger.info("%s: ran %s; outputs and run-cache pushed", model, ", ".join(ran) or "nothing (up to date)")
     return {**fanout.summary(Path(root), model), "stages_run": ran}
+
+
+NOT_BY_HAND = ("this flow runs on a pool's worker, as a run of the train-model/worker deployment the "
+               "retrain flow's --fan-out hands out (README, Scaling out): `python -m flows.retrain "
+               "--fan-out train-model/worker`; to train a model on this machine, `python -m "
+               "flows.retrain --models MODEL`")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m flows.train_model`: its help says what it is; anything else is refused (exit 2) with the
+    commands that start it — a work order's `files` come from the coordinator, not from a command line."""
+    how = textwrap.fill(f"{NOT_BY_HAND[0].upper()}{NOT_BY_HAND[1:]}.", 110, break_on_hyphens=False)
+    parser = ArgumentParser("flows.train_model", description=f"{__doc__.strip()}\n\n{how}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)  # --help prints the above and exits 0; an argument is refused
+    parser.error(NOT_BY_HAND)
+
+
+if __name__ == "__main__":
+    main()

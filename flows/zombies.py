@@ -25,12 +25,20 @@ TAG = "fan-out"  # flows/fanout.py tags every run it hands out
 HEARTBEAT_SECONDS = 30  # prefect-fanout.yaml: PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the workers' runs
 
 
+def within_problem(within_seconds: int) -> str | None:
+    """Why a window is too short (None when it is not): a live run could fall silent in it."""
+    if within_seconds >= 2 * HEARTBEAT_SECONDS:
+        return None
+    return (f"--within {within_seconds}: must be at least two of the workers' heartbeat intervals "
+            f"({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or a live run whose heartbeat is late once is "
+            f"marked Crashed; use {2 * HEARTBEAT_SECONDS} or more")
+
+
 def check_within(within_seconds: int, api_url: str | None) -> None:
     """Refuse a window a live run could fall silent in, and a server that dies with this process."""
-    if within_seconds < 2 * HEARTBEAT_SECONDS:
-        raise ConfigError(f"--within {within_seconds}: must be at least two of the workers' heartbeat "
-                          f"intervals ({HEARTBEAT_SECONDS} s, prefect-fanout.yaml), or a live run whose "
-                          f"heartbeat is late once is marked Crashed; use {2 * HEARTBEAT_SECONDS} or more")
+    problem = within_problem(within_seconds)
+    if problem:
+        raise ConfigError(problem)
     if not api_url:
         raise ConfigError("PREFECT_API_URL is not set: the automation would go to a temporary server that stops "
                           "with this command; set PREFECT_API_URL=http://HOST:4200/api (the server your workers "
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"seconds without a heartbeat before a run is marked Crashed (at least "
                              f"{2 * HEARTBEAT_SECONDS}: two heartbeat intervals; default 90)")
     args = parser.parse_args(argv)
+    problem = within_problem(args.within)
+    if problem:  # the command line's own value out of its range: a usage error (exit 2), as `--within 0` is
+        parser.error(problem)
     automation = run_main(lambda: crash_silent_runs(args.within), args.verbose,
                           temporary_server=False)  # (it refuses one: one line at once, not a server first)
     print(f"automation {automation}: {NAME} (within {args.within} s)")

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -93,12 +94,15 @@ def data_batch(
 ) -> None:
     """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
     from recsys.atomic import write_text_atomic
-    from recsys.data import generate_batch
+    from recsys.data import batch_index_problem, generate_batch
 
     chosen = file_option(out) if out is not None else None
     loaded = load_params(params)
+    problem = batch_index_problem(loaded.generate, index)
+    if problem:  # a value of the command line's, out of its range: a usage error, before anything is created
+        raise typer.BadParameter(problem.removeprefix("batch index "), param_hint="'INDEX'")
     target = chosen or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
-    frame = generate_batch(loaded.generate, index)  # refuses a bad index before anything is created
+    frame = generate_batch(loaded.generate, index)
     target.parent.mkdir(parents=True, exist_ok=True)
     # whole or absent: an ingest that finds the file in the inbox never reads half a batch
     write_text_atomic(target, frame.to_csv(index=False, lineterminator="\n"), target.parent)
@@ -113,8 +117,10 @@ def data_download(
     sha256: Optional[str] = typer.Option(None, help="expected sha256 (default: the official MD5 is checked)"),
 ) -> None:
     """Download a MovieLens archive and verify its checksum before extracting."""
-    from recsys.data import download_movielens
+    from recsys.data import MOVIELENS, download_movielens
 
+    if name not in MOVIELENS:  # a command line that does not parse: before anything is fetched
+        raise typer.BadParameter(f"{name!r} is not one of {' | '.join(MOVIELENS)}", param_hint="'NAME'")
     typer.echo(f"extracted into {download_movielens(name, dest, url=url, sha256=sha256)}")
 
 
@@ -293,6 +299,15 @@ def _command_path(args: list[str]) -> str:
     return " ".join(path)
 
 
+def negative_number_hint(message: str, command: str) -> str:
+    """Click reads `-1` as an option (`recsys data batch -1`: "No such option: -1"); say how a value that
+    starts with '-' is given."""
+    match = re.fullmatch(r"No such option: (-[0-9][0-9.]*)", message.strip())
+    if match is None:
+        return ""
+    return f": a value that starts with '-' goes after '--' ({command} -- {match.group(1)})"
+
+
 INTERRUPTED = 130  # what Typer returns for a command a Ctrl-C stopped (no command of ours returns it)
 
 
@@ -319,7 +334,7 @@ def main() -> None:
             if message.strip():  # (a group run without a command printed its help: nothing to add)
                 context = getattr(err, "ctx", None)
                 command = getattr(context, "command_path", None) or _command_path(sys.argv[1:])
-                print(usage_line(command, message), file=sys.stderr)
+                print(usage_line(command, message + negative_number_hint(message, command)), file=sys.stderr)
             sys.exit(exit_code)
         raise
     if code == INTERRUPTED:  # a Ctrl-C: Typer caught its KeyboardInterrupt and returns 130 without a word

@@ -319,20 +319,31 @@ def write_store(generated: Generated, store: str | Path) -> Path:
 BATCH_HORIZON = pd.Timestamp("2200-01-01", tz="UTC")  # no generated batch reaches past this
 
 
+def _utc(stamp: str) -> pd.Timestamp:
+    start = pd.Timestamp(stamp)
+    return start.tz_convert("UTC") if start.tzinfo else start.tz_localize("UTC")
+
+
+def batch_index_problem(config: GenerateConfig, index: int) -> str | None:
+    """Why `index` names no batch of the generated dataset (None when it does): batch i ends (i + 1)·days
+    after generate.start, and past the year 2200 its timestamps would leave pandas' range."""
+    last = max(0, (BATCH_HORIZON - _utc(config.start)).days // config.days - 1)
+    if 1 <= index <= last:
+        return None
+    return (f"batch index must be between 1 and {last:,} (each batch covers the generate.days = "
+            f"{config.days} days after the previous one, from generate.start {config.start}), got {index:,}")
+
+
 def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:
     """A follow-up batch for the generated dataset: the same users and items, later in time.
 
     Batch `index` (1, 2, …) covers the `config.days` after the previous one, for a fifth of the users, so a
     demo (or a test) can drop realistic new interactions into the inbox.
     """
-    start = pd.Timestamp(config.start)
-    start = start.tz_convert("UTC") if start.tzinfo else start.tz_localize("UTC")
-    # Batch i ends (i + 1)·days after the start; past the year 2200 its timestamps would leave pandas' range.
-    last = max(0, (BATCH_HORIZON - start).days // config.days - 1)
-    if not 1 <= index <= last:
-        raise DataError(f"batch index must be between 1 and {last:,} (each batch covers the generate.days = "
-                        f"{config.days} days after the previous one, from generate.start {config.start}), "
-                        f"got {index:,}")
+    problem = batch_index_problem(config, index)
+    if problem:
+        raise DataError(problem)
+    start = _utc(config.start)
     later = dataclasses.replace(
         config,
         seed=(config.seed + 1000 * index) % 2**32,  # (within generate.seed's range, whatever the index)

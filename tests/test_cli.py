@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -277,6 +278,12 @@ def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
     (["recommend", "--user"], "recsys recommend: Option '--user' requires an argument"),
     (["--verbose", "registry", "history", "-n"], "recsys registry history: Option '-n' requires an argument"),
     (["data", "batch", "2", "--out"], "recsys data batch: Option '--out' requires an argument"),
+    # Click reads a negative number as an option: the line says how to give one
+    (["data", "batch", "-1"], ("recsys data batch: No such option: -1: a value that starts with '-' goes "
+                               "after '--' (recsys data batch -- -1)")),
+    (["data", "download", "movielens-20m", "--dest", "x"],
+     ("recsys data download: Invalid value for 'NAME': 'movielens-20m' is not one of movielens-1m | "
+      "movielens-100k")),
 ])
 def test_usage_error_is_one_line_naming_the_help(monkeypatch, capsys, args, says):
     """Click's refusal was a four-line block (usage, a hint, a blank line, the error): now the one line."""
@@ -292,9 +299,40 @@ def test_a_group_without_a_command_prints_its_help_and_no_empty_error_line(monke
     assert code == 2 and f"Usage: recsys {group} [OPTIONS] COMMAND [ARGS]..." in out and err == ""
 
 
-@pytest.mark.parametrize("module", ["recsys.prepare", "recsys.train", "recsys.evaluate", "recsys.dvc_graph",
-                                    "flows.ingest", "flows.retrain", "flows.pipeline", "flows.zombies",
-                                    "flows.serve"])
+PYTHON_M_ENTRY_POINTS = ["recsys.prepare", "recsys.train", "recsys.evaluate", "recsys.dvc_graph",
+                         "flows.ingest", "flows.retrain", "flows.pipeline", "flows.zombies", "flows.serve",
+                         "flows.train_model"]
+
+
+def test_every_module_with_a_flow_is_an_entry_point_with_a_help():
+    """`python -m flows.train_model --help` printed nothing and exited 0: a module that defines a flow is
+    one a person may start, so it is in the list the refusal test below runs."""
+    flows = Path(__file__).resolve().parent.parent / "flows"
+    with_a_flow = sorted(f"flows.{path.stem}" for path in flows.glob("*.py")
+                         if "\n@flow(" in path.read_text(encoding="utf-8"))
+    assert "flows.retrain" in with_a_flow and "flows.train_model" in with_a_flow  # (the scan finds flows)
+    assert set(with_a_flow) <= set(PYTHON_M_ENTRY_POINTS), with_a_flow
+
+
+def test_the_worker_flow_says_what_starts_it(capsys):
+    from flows.train_model import main
+
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_one_line_error(err, "error: python -m flows.train_model: this flow runs on a pool's worker",
+                          "python -m flows.retrain --fan-out train-model/worker",
+                          "python -m flows.retrain --models MODEL")
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out, _ = capsys.readouterr()
+    assert done.value.code == 0 and "usage: python -m flows.train_model" in out
+    assert "train-model/worker" in out and "python -m flows.retrain --models MODEL" in out
+
+
+@pytest.mark.parametrize("module", PYTHON_M_ENTRY_POINTS)
 def test_every_python_m_entry_point_refuses_in_one_line_naming_itself(capsys, module):
     """argparse printed its usage block and named the module's file (`retrain.py: error: ...`), which is not
     the command a person typed (`python -m flows.retrain`)."""
@@ -467,15 +505,16 @@ def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whol
     assert any(paragraph in line for line in lines), out
 
 
-@pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"),
+@pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"), ("-1", "got -1"),
                                           ("99999999999", "got 99,999,999,999")])
 def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_nothing(
         monkeypatch, capsys, tmp_path, write_params, index, shown):
     params = write_params({"generate": {"start": "2024-01-01T00:00:00Z", "days": 180}})
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(monkeypatch, capsys, "data", "batch", index, "--params", str(params))
-    assert code == 1
-    assert_one_line_error(err, "batch index must be between 1 and 356", "generate.days = 180", shown)
+    code, _, err = run_cli(monkeypatch, capsys, "data", "batch", "--params", str(params), "--", index)
+    assert code == 2  # the command line's own value out of its range: a usage error, as `abc` is
+    assert_one_line_error(err, "recsys data batch: Invalid value for 'INDEX': must be between 1 and 356",
+                          "generate.days = 180", shown, "(see 'recsys data batch --help')")
     assert not (tmp_path / "inbox").exists()  # the inbox was created before the refusal
     code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "356", "--params", str(params))
     assert code == 0 and (tmp_path / "inbox" / "generated-0356.csv").is_file(), out

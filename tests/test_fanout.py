@@ -335,8 +335,16 @@ def test_the_zombie_command_says_one_line_and_exits_nonzero(tmp_path):
     env.update(PREFECT_HOME=str(tmp_path), DO_NOT_TRACK="1", PYTHONPATH=str(REPO_ROOT))
     done = subprocess.run([sys.executable, "-m", "flows.zombies", "--within", "20"], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("error: --within 20: must be at least two")
+    # a usage error, as `--within 0` is
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [(
+        "error: python -m flows.zombies: --within 20: must be at least two of the workers' heartbeat "
+        "intervals (30 s, prefect-fanout.yaml), or a live run whose heartbeat is late once is marked "
+        "Crashed; use 60 or more (see 'python -m flows.zombies --help')")]
+    done = subprocess.run([sys.executable, "-m", "flows.zombies", "--within", "60"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr  # what no command line fixes
+    assert done.stderr.strip().splitlines()[-1].startswith("error: PREFECT_API_URL is not set"), done.stderr
 
 
 @pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
