@@ -89,7 +89,15 @@ def recommend(
 
 
 CHAMPION, BASELINE_CHAMPION, POPULARITY_FALLBACK = "champion", "baseline_champion", "popularity_fallback"
-NOTHING_TO_COUNT = "the prepared dataset holds no events up to"  # (in a reason: why the answer is empty)
+# Why an answer has no items (`Answer.empty_because`; None when it has some):
+NOTHING_COUNTED = "nothing_counted"  # dataset popularity with no events up to `--at`
+HISTORY_COVERS_ALL = "history_covers_all"  # every item the answer could rank is in the history
+
+
+def not_in_the_dataset(user: str) -> str:
+    """What is said of a user id the prepared dataset lacks (it gets an answer all the same)."""
+    return (f"user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than prepare's "
+            "minimum)")
 
 
 class RecommendError(ValueError):
@@ -117,8 +125,9 @@ class Answer:
     at: str | None
     user: str | None
     history: list[str] | None  # the --history given, raw ids
-    skipped_items: list[str] = field(default_factory=list)  # history items the answering model never saw
+    skipped_items: list[str] = field(default_factory=list)  # history items the answerer never saw
     recommendations: list[Recommendation] = field(default_factory=list)
+    empty_because: str | None = None  # NOTHING_COUNTED | HISTORY_COVERS_ALL when `recommendations` is empty
 
 
 def parse_time(value: str) -> int:
@@ -160,6 +169,9 @@ class Prepared:
 
     def has_user(self, user_id: str) -> bool:
         return self._user_code(user_id) is not None
+
+    def has_item(self, item_id: str) -> bool:
+        return bool((self.items["item_id"].astype(str) == str(item_id)).any())
 
     def user_history(self, user_id: str, at_time: int | None) -> tuple[list[str], list[int]] | None:
         """The user's (raw item ids, times) in time order, or None when the dataset has no such user."""
@@ -264,8 +276,7 @@ def answer(
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     # A user id not in the data (a typo, or someone new) gets an answer all the same, which says so
     unknown = user is not None and (prepared is None or not prepared.has_user(user))
-    stranger = (f"; user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than "
-                "prepare's minimum)" if unknown else "")
+    stranger = f"; {not_in_the_dataset(user)}" if unknown else ""
     if registry.champion_version() is None:  # nothing gated yet (a fresh clone, a first `dvc repro`)
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
@@ -293,8 +304,7 @@ def answer(
         if user is not None and user not in known_users:
             fallback_reason = (
                 f"user {user!r} arrived after champion v{champion.version} was trained" if not unknown else
-                f"user {user!r} is not in the prepared dataset (new, or with fewer events than prepare's "
-                "minimum; their items are not known to be excluded)")
+                f"{not_in_the_dataset(user)}; their items are not known to be excluded")
         elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input
             until = f" up to {at}" if at else ""
             fallback_reason = (
@@ -327,6 +337,8 @@ def _request_history(prepared: Prepared | None, user: str | None, history: list[
 
 def _with_items(result: Answer, ranked: list[tuple[str, float]], prepared: Prepared | None) -> Answer:
     titles = prepared.titles() if prepared is not None else {}
+    if not ranked and result.empty_because is None:
+        result.empty_because = HISTORY_COVERS_ALL
     result.recommendations = [Recommendation(rank, raw, titles.get(raw), score)
                               for rank, (raw, score) in enumerate(ranked, start=1)]
     return result
@@ -356,9 +368,11 @@ def _popularity(
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
+    result.skipped_items = [raw for raw in raw_items if not prepared.has_item(raw)]
     counted = prepared.popularity(at_time)
     if not counted:  # (else an empty answer means the history holds every item counted)
-        result.reason += f"; {NOTHING_TO_COUNT} {result.at} to count"
+        result.reason += f"; the prepared dataset holds no events up to {result.at} to count"
+        result.empty_because = NOTHING_COUNTED
     return [(raw, count) for raw, count in counted if raw not in seen][:k]
 
 

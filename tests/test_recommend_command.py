@@ -13,7 +13,7 @@ from test_registry_support import make_eval
 from recsys.commands.recommend import app as recommend_app
 
 ANSWER_KEYS = {"source", "reason", "model_version", "architecture", "champion_version", "k", "at", "user",
-               "history", "skipped_items", "recommendations"}
+               "history", "skipped_items", "recommendations", "empty_because"}
 
 
 def mostpop_checkpoint(root: Path, name: str, counts: list[int], users: list[str]) -> Path:
@@ -80,7 +80,8 @@ def test_a_user_the_champion_never_saw_gets_popularity_from_the_baseline(tmp_pat
         assert answer["model_version"] == 1 and answer["champion_version"] == 2
         # Neither is in the prepared dataset: "trained before they arrived" was a guess (a user prepare's
         # filters dropped is older than the champion).
-        assert f"user {user!r} is not in the prepared dataset (new, or with fewer events" in answer["reason"]
+        assert (f"user {user!r} is not in the prepared dataset (new, a typo, or with fewer events than "
+                "prepare's minimum); their items are not known to be excluded") in answer["reason"]
         assert answer["user"] == user and answer["history"] is None
         assert [r["item_id"] for r in answer["recommendations"]] == ["m1", "m2", "m3"]
     text = invoke(recommend_app, "--user", "zed", "--params", str(params_path))
@@ -201,13 +202,32 @@ def test_dataset_popularity_as_of_a_time_counts_no_event_after_it(tmp_path):
     assert before_m3["source"] == "popularity_fallback"
     assert {r["item_id"] for r in before_m3["recommendations"]} == {"m1", "m4"}
     nothing_yet = recommend_json(params_path, "--history", "x", "--at", "2001-01-01T00:00:00Z")
-    assert nothing_yet["recommendations"] == []
+    assert nothing_yet["recommendations"] == [] and nothing_yet["empty_because"] == "nothing_counted"
     assert nothing_yet["reason"].endswith("; the prepared dataset holds no events up to 2001-01-01T00:00:00+00:00 "
                                           "to count")  # not "the history covers every item"
     text = invoke(recommend_app, "--history", "x", "--at", "2001-01-01T00:00:00Z", "--params", str(params_path))
-    assert text.exit_code == 0 and text.output.splitlines()[1:] == ["(nothing to recommend: see above)"]
+    assert text.exit_code == 0 and text.output.splitlines()[1:] == [
+        "(nothing to recommend: see above)", "note: skipped 1 history item(s) unknown to the prepared dataset: x"]
     covered = invoke(recommend_app, "--history", "m1,m3,m4", "--params", str(params_path))  # all it counts
     assert covered.output.splitlines()[1:] == [
         "(nothing left to recommend: the history covers every item the answer could rank)"]
+    assert recommend_json(params_path, "--history", "m1,m3,m4")["empty_because"] == "history_covers_all"
     everything = recommend_json(params_path, "--history", "x")
     assert {r["item_id"] for r in everything["recommendations"]} == {"m1", "m3", "m4"}
+    assert everything["empty_because"] is None
+
+
+def test_dataset_popularity_reports_the_history_items_the_dataset_lacks(tmp_path):
+    """Before anything was registered, a `--history` with a typo in it was answered without a word about
+    the item it could not place (the models' answers report theirs)."""
+    params_path = write_params(tmp_path)
+    _prepared(tmp_path)  # items m1..m4; m1, m3 and m4 have events
+    answer = recommend_json(params_path, "--history", "m3,m33,new-item")
+    assert answer["source"] == "popularity_fallback" and answer["model_version"] is None
+    assert answer["skipped_items"] == ["m33", "new-item"]
+    assert {r["item_id"] for r in answer["recommendations"]} == {"m1", "m4"}  # m3 is in the history
+    text = invoke(recommend_app, "--history", "m3,m33,new-item", "--params", str(params_path))
+    assert text.exit_code == 0
+    assert text.output.splitlines()[-1] == ("note: skipped 2 history item(s) unknown to the prepared dataset: "
+                                            "m33, new-item")
+    assert recommend_json(params_path, "--history", "m1,m3")["skipped_items"] == []

@@ -26,7 +26,7 @@ from recsys.commands.registry import (
 )
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
-from recsys.recommend import NOTHING_TO_COUNT, Answer, RecommendError, answer, parse_history, parse_time
+from recsys.recommend import NOTHING_COUNTED, Answer, RecommendError, answer, parse_history, parse_time
 
 
 def _print(result: Answer) -> None:
@@ -36,14 +36,15 @@ def _print(result: Answer) -> None:
           else result.architecture)
     typer.echo(f"top {result.k} for {subject} from {by} [{result.source}]: {result.reason}")
     if not result.recommendations:
-        typer.echo("(nothing to recommend: see above)" if NOTHING_TO_COUNT in result.reason else
+        typer.echo("(nothing to recommend: see above)" if result.empty_because == NOTHING_COUNTED else
                    "(nothing left to recommend: the history covers every item the answer could rank)")
     for r in result.recommendations:
         title = f"  {r.title}" if r.title else ""
         typer.echo(f"{r.rank:>3}. {r.item_id}{title}  (score {r.score:.4f})")
     if result.skipped_items:
-        typer.echo(f"note: skipped {len(result.skipped_items)} history item(s) unknown to "
-                   f"v{result.model_version}: " + ", ".join(result.skipped_items))
+        to = f"v{result.model_version}" if result.model_version is not None else "the prepared dataset"
+        typer.echo(f"note: skipped {len(result.skipped_items)} history item(s) unknown to {to}: "
+                   + ", ".join(result.skipped_items))
 
 
 def recommend_command(
