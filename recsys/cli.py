@@ -299,6 +299,18 @@ def _command_path(args: list[str]) -> str:
     return " ".join(path)
 
 
+VERBOSE_FLAGS = ("--verbose", "-v")
+
+
+def verbose_first(args: list[str]) -> list[str]:
+    """`recsys registry history --verbose` as `recsys --verbose registry history`: the flag belongs to the
+    group (no command has an option of that name), and Click refused it after the command ("No such option");
+    the `python -m` entry points take it anywhere. A value after `--` stays where it is."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [arg for arg in args[:end] if arg in VERBOSE_FLAGS]
+    return [*flags, *(arg for arg in args[:end] if arg not in VERBOSE_FLAGS), *args[end:]]
+
+
 def negative_number_hint(message: str, command: str) -> str:
     """Click reads `-1` as an option (`recsys data batch -1`: "No such option: -1"); say how a value that
     starts with '-' is given."""
@@ -317,7 +329,8 @@ def main() -> None:
     _setup_logging()
     end_by_sigint_when_interrupted()
     try:
-        code = app(prog_name="recsys", standalone_mode=False)  # the console script, also in-process (tests)
+        # the console script, also in-process (tests)
+        code = app(args=verbose_first(sys.argv[1:]), prog_name="recsys", standalone_mode=False)
     except user_errors() as err:
         report_user_error(err, verbose_requested())
         sys.exit(1)

@@ -467,16 +467,27 @@ def test_prepare_of_a_dataset_too_small_to_split(monkeypatch, capsys, tmp_path, 
     assert_one_line_error(err, "too small to split", "2 users with 4 events", "(now 1/1)")
 
 
+def test_verbose_is_moved_to_the_group_but_not_from_after_a_double_dash():
+    from recsys.cli import verbose_first
+
+    assert verbose_first(["registry", "history", "-v", "-n", "3"]) == ["-v", "registry", "history", "-n", "3"]
+    assert verbose_first(["data", "batch", "--", "--verbose"]) == ["data", "batch", "--", "--verbose"]
+
+
 def test_unknown_model_names_the_known_ones(monkeypatch, capsys, write_params):
     code, _, err = run_cli(monkeypatch, capsys, "train", "--model", "nosuch", "--params", str(write_params()))
     assert code == 1
     assert_one_line_error(err, "unknown model 'nosuch'", "'sasrec'")
 
 
-def test_verbose_adds_the_traceback_before_the_one_line(monkeypatch, capsys, write_params):
+@pytest.mark.parametrize("where", ["before the command", "after it", "-v at the end"])
+def test_verbose_adds_the_traceback_before_the_one_line(monkeypatch, capsys, write_params, where):
+    """`recsys train ... --verbose` was refused ("No such option: --verbose"): the flag is taken anywhere."""
     monkeypatch.setenv("RECSYS_VERBOSE", "0")  # restored after the test: --verbose sets it for the stages
-    code, _, err = run_cli(monkeypatch, capsys, "--verbose", "train", "--model", "nosuch", "--params",
-                           str(write_params()))
+    args = ["train", "--model", "nosuch", "--params", str(write_params())]
+    args = {"before the command": ["--verbose", *args], "after it": ["train", "--verbose", *args[1:]],
+            "-v at the end": [*args, "-v"]}[where]
+    code, _, err = run_cli(monkeypatch, capsys, *args)
     assert code == 1
     assert "Traceback (most recent call last)" in err
     assert err.strip().splitlines()[-1].startswith("error: unknown model 'nosuch'")
