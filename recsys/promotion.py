@@ -83,12 +83,21 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
 
 
 def rescore_on(params: Params, prepared: Path) -> RescoreFn:
-    """Re-score a champion checkpoint on `prepared`'s test split, with the candidate's evaluation settings."""
+    """Re-score a champion checkpoint on `prepared`'s test split, with the candidate's evaluation settings,
+    on the device its model's evaluate stage uses (its `train.device`, with `train.cpu_allocator`): the
+    champion's number is then measured where the candidate's was (it was always the CPU). `cuda` where this
+    process sees none — the coordinator of a pool of GPU workers (`--fan-out`) — is the CPU here."""
 
     def rescore(checkpoint: Path) -> Any:
-        from recsys.evaluate import evaluate_checkpoint  # lazy: pulls in torch and the models
+        from recsys.checkpoint import read_meta  # lazy: pulls in torch and the models
+        from recsys.device import resolve_device, retain_cpu_memory
+        from recsys.evaluate import evaluate_checkpoint
 
-        return evaluate_checkpoint(checkpoint, prepared, split="test", config=params.evaluate)
+        train = params.train_config(str(read_meta(checkpoint)["model"]))
+        device = resolve_device("auto" if train.device == "cuda" else train.device)
+        retain_cpu_memory(train.cpu_allocator, device)
+        return evaluate_checkpoint(checkpoint, prepared, split="test", config=params.evaluate,
+                                   device=str(device))
 
     return rescore
 

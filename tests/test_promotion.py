@@ -194,3 +194,28 @@ def test_new_data_rescores_the_champion_and_the_decision_carries_the_compared_va
     assert decision.champion_rescored_metric != pytest.approx(stored)
     # The new MostPop is registered as a baseline but does not displace a champion that passed the gate.
     assert [v.role for v in versions] == ["baseline", None, "baseline", None]
+
+
+def test_the_champion_is_rescored_where_its_models_evaluate_stage_runs(write_params, tiny_prepared_dir,
+                                                                        trained_sasrec):
+    """The gate re-scored the champion on the CPU whatever `train.device` said, while the candidate's test
+    pass ran on its training device: now both are measured where the model's evaluate stage runs."""
+    import torch
+
+    from recsys.evaluate import evaluate_checkpoint
+    from recsys.promotion import rescore_on
+
+    checkpoint = trained_sasrec[1]
+    params = load_params(write_params({"sasrec": {"train": {"device": "cpu"}}}))
+    rescored = rescore_on(params, tiny_prepared_dir)(checkpoint)
+    assert rescored.metrics == evaluate_checkpoint(checkpoint, tiny_prepared_dir, "test", params.evaluate).metrics
+    # The checkpoint's own model's train section decides (sasrec's here, not the global train section);
+    # `cuda` on a machine without one (a fan-out coordinator, whose workers have the GPUs) is the CPU.
+    on_cuda = load_params(write_params({"sasrec": {"train": {"device": "cuda"}}}))
+    assert on_cuda.train.device != "cuda" and on_cuda.train_config("sasrec").device == "cuda"
+    on_device = rescore_on(on_cuda, tiny_prepared_dir)(checkpoint)
+    if torch.cuda.is_available():  # scored on the GPU: the same users, the numbers within float error
+        assert on_device.metrics.keys() == rescored.metrics.keys()
+        assert on_device.metrics["ndcg@10"] == pytest.approx(rescored.metrics["ndcg@10"], abs=1e-3)
+    else:
+        assert on_device.metrics == rescored.metrics
