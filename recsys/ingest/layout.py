@@ -99,15 +99,45 @@ def _owned(where: Paths) -> dict[Path, str]:
              root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository"}
     for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
         owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
-    # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root), by its defaults: a
-    # run reads only the ingest section, and a team's registry elsewhere is no folder of this repository.
+    # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root) by its defaults,
+    # and where params.yaml puts them (in this repository or not).
     owned.setdefault(root / Path(RegistryConfig.artifact_root).parts[0],
                      "the model registry (registry.url, registry.artifact_root)")
+    for path, what in _registry_paths(root).items():
+        owned.setdefault(path, what)
     return {folder.resolve(): what for folder, what in owned.items()}
 
 
+def _registry_paths(root: Path) -> dict[Path, str]:
+    """registry.artifact_root and a SQLite registry.url's database file (RECSYS_REGISTRY_URL first), as
+    the repository's params.yaml sets them. Read leniently — ingest needs nothing else of the registry, and
+    a section it cannot read here is refused by whatever opens the registry — so only paths come back."""
+    import os
+
+    import yaml
+
+    try:
+        raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, yaml.YAMLError):
+        raw = None
+    section = raw.get("registry") if isinstance(raw, dict) else None
+    section = section if isinstance(section, dict) else {}
+    found: dict[Path, str] = {}
+    artifacts = section.get("artifact_root", RegistryConfig.artifact_root)
+    if isinstance(artifacts, str) and artifacts.strip() and "://" not in artifacts:
+        found[root / artifacts] = "the model registry's artifacts (registry.artifact_root)"
+    url = os.environ.get("RECSYS_REGISTRY_URL") or section.get("url", RegistryConfig.url)
+    if isinstance(url, str) and url.startswith("sqlite:///"):
+        database = url.removeprefix("sqlite:///").split("?")[0]
+        if database and database != ":memory:":
+            found[root / database] = "the model registry's database (registry.url)"
+    return found
+
+
 def _shown(folder: Path, root: Path) -> str:
-    return f"{folder.relative_to(root)}/" if folder.is_relative_to(root) else str(folder)
+    if not folder.is_relative_to(root):
+        return str(folder)
+    return f"{folder.relative_to(root)}{'' if folder.is_file() or folder.suffix else '/'}"  # (a database file)
 
 
 def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | None:
