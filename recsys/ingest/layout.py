@@ -9,7 +9,7 @@ from pathlib import Path
 
 from recsys.config import ConfigError, IngestConfig, RegistryConfig
 from recsys.ingest.errors import BatchRejected, IngestError
-from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PREPARED, RESUME, SCRATCH, WARM_DIR
+from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PARAMS, PREPARED, RESUME, SCRATCH, WARM_DIR
 from recsys.workspace import STATE_DIR
 
 PROCESSED, REJECTED = "processed", "rejected"  # where a run files its batches, inside the inbox
@@ -117,7 +117,7 @@ def _registry_paths(root: Path) -> dict[Path, str]:
     import yaml
 
     try:
-        raw = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+        raw = yaml.safe_load((root / PARAMS).read_text(encoding="utf-8"))
     except (OSError, UnicodeError, yaml.YAMLError):
         raw = None
     section = raw.get("registry") if isinstance(raw, dict) else None
