@@ -170,8 +170,10 @@ class Prepared:
     def has_user(self, user_id: str) -> bool:
         return self._user_code(user_id) is not None
 
-    def has_item(self, item_id: str) -> bool:
-        return bool((self.items["item_id"].astype(str) == str(item_id)).any())
+    def unknown_items(self, item_ids: Sequence[str]) -> list[str]:
+        """The ids, in order, that are no item of the dataset."""
+        known = set(self.items["item_id"].astype(str))
+        return [raw for raw in item_ids if str(raw) not in known]
 
     def user_history(self, user_id: str, at_time: int | None) -> tuple[list[str], list[int]] | None:
         """The user's (raw item ids, times) in time order, or None when the dataset has no such user."""
@@ -368,7 +370,7 @@ def _popularity(
     seen = set(raw_items)
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
-    result.skipped_items = [raw for raw in raw_items if not prepared.has_item(raw)]
+    result.skipped_items = prepared.unknown_items(raw_items)
     counted = prepared.popularity(at_time)
     if not counted:  # (else an empty answer means the history holds every item counted)
         result.reason += f"; the prepared dataset holds no events up to {result.at} to count"
