@@ -171,6 +171,12 @@ class IngestConfig:
                 raise ValueError(f"ingest.column_mapping: {problem}")
 
 
+# The registry's URL from the environment, in place of params.yaml's `registry.url`: a password stays out of
+# the repository (and out of DVC: no stage has `registry` among its params).
+# `recsys.registry.core.registry_url` reads it; ingest's inbox check too (the registry's files are no inbox).
+REGISTRY_URL_ENV = "RECSYS_REGISTRY_URL"
+
+
 @dataclass(frozen=True)
 class RegistryConfig:
     url: str = "sqlite:///registry/registry.db"

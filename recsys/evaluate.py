@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import EvaluateConfig
+from recsys.config import EvaluateConfig, Params
 from recsys.device import resolve_device, retain_cpu_memory
 from recsys.entry import model_stage_args
 from recsys.layout import Layout
@@ -112,6 +112,20 @@ def evaluate_checkpoint(
     return evaluate_model(model, prepared, split, config, device=device, item_map=item_map, user_map=user_map)
 
 
+def score_test_split(checkpoint_dir: str | Path, prepared_dir: str | Path, params: Params, name: str,
+                     cuda_absent_is_cpu: bool = False) -> EvalResult:
+    """Score model `name`'s checkpoint on the test split where its evaluate stage runs: its own
+    `train.device` (where the model trains is where its test pass runs; with `cuda_absent_is_cpu`, `cuda` on
+    a machine without one is the CPU), its scoring batches' freed memory kept as `train.cpu_allocator`
+    says — they free and allocate the same large blocks as validation does in training (speed only; the
+    numbers are the same either way)."""
+    train_config = params.train_config(name)
+    wanted = train_config.device
+    device = resolve_device("auto" if cuda_absent_is_cpu and wanted == "cuda" else wanted)
+    retain_cpu_memory(train_config.cpu_allocator, device)
+    return evaluate_checkpoint(checkpoint_dir, prepared_dir, "test", params.evaluate, device=str(device))
+
+
 def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, extra: dict | None = None) -> None:
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     per_user_path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,13 +144,7 @@ def main(argv: list[str] | None = None) -> None:
 
         raise CheckpointError(f"{paths.model_dir(name)} holds no trained {name}: run "
                               f"`dvc repro train@{name}` (or `recsys train --model {name}`) first")
-    train_config = params.train_config(name)  # where the model trains is where its test pass runs
-    device = resolve_device(train_config.device)
-    # The test pass's scoring batches free and allocate the same large blocks as validation does in training:
-    # the same allocator setting (speed only; the numbers are the same either way).
-    retain_cpu_memory(train_config.cpu_allocator, device)
-    result = evaluate_checkpoint(paths.model_dir(name), paths.prepared, "test", params.evaluate,
-                                 device=str(device))
+    result = score_test_split(paths.model_dir(name), paths.prepared, params, name)
     train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())
     write_outputs(result, paths.metrics(name), paths.per_user(name),
                   {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})

@@ -90,14 +90,10 @@ def rescore_on(params: Params, prepared: Path) -> RescoreFn:
 
     def rescore(checkpoint: Path) -> Any:
         from recsys.checkpoint import read_meta  # lazy: pulls in torch and the models
-        from recsys.device import resolve_device, retain_cpu_memory
-        from recsys.evaluate import evaluate_checkpoint
+        from recsys.evaluate import score_test_split
 
-        train = params.train_config(str(read_meta(checkpoint)["model"]))
-        device = resolve_device("auto" if train.device == "cuda" else train.device)
-        retain_cpu_memory(train.cpu_allocator, device)
-        return evaluate_checkpoint(checkpoint, prepared, split="test", config=params.evaluate,
-                                   device=str(device))
+        return score_test_split(checkpoint, prepared, params, str(read_meta(checkpoint)["model"]),
+                         cuda_absent_is_cpu=True)
 
     return rescore
 

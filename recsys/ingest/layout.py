@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsys.config import ConfigError, IngestConfig, RegistryConfig
+from recsys.config import REGISTRY_URL_ENV, ConfigError, IngestConfig, RegistryConfig
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PARAMS, PREPARED, RESUME, SCRATCH, WARM_DIR
 from recsys.workspace import STATE_DIR
@@ -126,7 +126,7 @@ def _registry_paths(root: Path) -> dict[Path, str]:
     artifacts = section.get("artifact_root", RegistryConfig.artifact_root)
     if isinstance(artifacts, str) and artifacts.strip() and "://" not in artifacts:
         found[root / artifacts] = "the model registry's artifacts (registry.artifact_root)"
-    url = os.environ.get("RECSYS_REGISTRY_URL") or section.get("url", RegistryConfig.url)
+    url = os.environ.get(REGISTRY_URL_ENV) or section.get("url", RegistryConfig.url)
     if isinstance(url, str) and url.startswith("sqlite:///"):
         database = url.removeprefix("sqlite:///").split("?")[0]
         if database and database != ":memory:":

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from recsys.config import ConfigError, GateConfig, RegistryConfig, validate_name
+from recsys.config import REGISTRY_URL_ENV, ConfigError, GateConfig, RegistryConfig, validate_name
 from recsys.gate import GateDecision, Scores, decide, load_statistics
 from recsys.registry.db import (
     ModelVersion,
@@ -380,11 +380,6 @@ class Registry(RegistryReads):
 
         self._ensure_model()
         return rollback(self, to_version)
-
-
-# The registry's URL from the environment, in place of params.yaml's `registry.url`: a password stays out of
-# the repository (and out of DVC: no stage has `registry` among its params).
-REGISTRY_URL_ENV = "RECSYS_REGISTRY_URL"
 
 
 def registry_url(config: RegistryConfig) -> str:
