@@ -41,7 +41,8 @@ def ingest(
     root = params.resolve().parent
     try:
         config = load_ingest_config(params)
-        where = check_inbox(ingest_paths(root, config), config)  # the repository root is no inbox
+        # the repository root is no inbox, nor the registry where this params file puts it
+        where = check_inbox(ingest_paths(root, config, params=params), config)
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
@@ -54,7 +55,8 @@ def ingest(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     push_error = None
     try:
-        run = ingest_batches(paths, root, config, move=True) if paths else ingest_inbox(root, config)
+        run = (ingest_batches(paths, root, config, move=True, params=params) if paths
+               else ingest_inbox(root, config, params))
     except PushFailed as err:
         run, push_error = err.run, str(err)
     except (IngestError, ConfigError) as err:

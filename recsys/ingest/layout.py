@@ -24,6 +24,7 @@ class Paths:
     reports: Path
     manifest: Path
     state: Path
+    params: Path  # the params.yaml whose registry section says where the model registry is (`check_inbox`)
 
     @property
     def pending(self) -> Path:
@@ -45,7 +46,9 @@ class Paths:
         return self.root / f"{self.store.relative_to(self.root)}.dvc"
 
 
-def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None = None) -> Paths:
+def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None = None,
+          params: str | Path | None = None) -> Paths:
+    """`params`: the params.yaml `config` came from (`recsys ingest --params`); the repository's by default."""
     root = Path(repo_root).resolve()
     return Paths(
         root=root,
@@ -55,6 +58,7 @@ def paths(repo_root: str | Path, config: IngestConfig, inbox: str | Path | None 
         reports=root / config.reports,
         manifest=root / config.manifest,
         state=root / STATE_DIR,
+        params=Path(params).resolve() if params is not None else root / PARAMS,
     )
 
 
@@ -103,21 +107,21 @@ def _owned(where: Paths) -> dict[Path, str]:
     # and where params.yaml puts them (in this repository or not).
     owned.setdefault(root / Path(RegistryConfig.artifact_root).parts[0],
                      "the model registry (registry.url, registry.artifact_root)")
-    for path, what in _registry_paths(root).items():
+    for path, what in _registry_paths(root, where.params).items():
         owned.setdefault(path, what)
     return {folder.resolve(): what for folder, what in owned.items()}
 
 
-def _registry_paths(root: Path) -> dict[Path, str]:
+def _registry_paths(root: Path, params: Path) -> dict[Path, str]:
     """registry.artifact_root and a SQLite registry.url's database file (RECSYS_REGISTRY_URL first), as
-    the repository's params.yaml sets them. Read leniently — ingest needs nothing else of the registry, and
+    `params` (the run's params.yaml) sets them. Read leniently — ingest needs nothing else of the registry, and
     a section it cannot read here is refused by whatever opens the registry — so only paths come back."""
     import os
 
     import yaml
 
     try:
-        raw = yaml.safe_load((root / PARAMS).read_text(encoding="utf-8"))
+        raw = yaml.safe_load(params.read_text(encoding="utf-8"))
     except (OSError, UnicodeError, yaml.YAMLError):
         raw = None
     section = raw.get("registry") if isinstance(raw, dict) else None

@@ -61,20 +61,22 @@ def ingest_batches(
     config: IngestConfig,
     inbox: str | Path | None = None,
     move: bool = False,
+    params: str | Path | None = None,
 ) -> IngestRun:
     """Ingest each file in turn; naming the inbox itself means every file in it. A bad batch gives a
     `rejected` summary (with a report) and changes nothing; `IngestError` is raised when ingest itself cannot
     run (DVC, configuration), when a path is no batch file in the inbox (`named_batches`) or when the push
     failed (`PushFailed`, which carries the run), `ConfigError` for an inbox that is no inbox (`check_inbox`):
     both refusals before anything is locked. With `move`, each file is then moved to `inbox/processed/`
-    (ingested or already ingested) or `inbox/rejected/`, as the flow does."""
-    where = check_inbox(ingest_paths(repo_root, config, inbox), config)
+    (ingested or already ingested) or `inbox/rejected/`, as the flow does. `params`: the params.yaml `config`
+    came from, when not the repository's (its registry section is what the inbox may not hold)."""
+    where = check_inbox(ingest_paths(repo_root, config, inbox, params), config)
     return _run(where, config, named_batches(paths, where), move)
 
 
-def ingest_inbox(repo_root: str | Path, config: IngestConfig) -> IngestRun:
+def ingest_inbox(repo_root: str | Path, config: IngestConfig, params: str | Path | None = None) -> IngestRun:
     """Ingest every file now in the inbox (sorted by name) and move it to `processed/` or `rejected/`."""
-    return _run(check_inbox(ingest_paths(repo_root, config), config), config, None, move=True)
+    return _run(check_inbox(ingest_paths(repo_root, config, params=params), config), config, None, move=True)
 
 
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:

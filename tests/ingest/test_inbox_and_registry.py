@@ -55,3 +55,25 @@ def test_the_registry_outside_the_repository_and_the_environments_url_count_too(
 def test_an_inbox_beside_the_registry_is_an_inbox(tmp_path, registry):
     where = checked(tmp_path, "inbox", registry)
     assert where.inbox == (tmp_path / "inbox").resolve()
+
+
+def test_the_params_file_the_run_reads_places_the_registry_not_the_repositorys(tmp_path):
+    """`recsys ingest --params staging.yaml`: that file's registry section counts. Here params.yaml keeps the
+    registry at its default and staging.yaml puts its artifacts in `shelf/`, the inbox the run is given."""
+    from typer.testing import CliRunner
+
+    from recsys.commands.ingest import app
+
+    (tmp_path / "shelf").mkdir()
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inbox": "shelf"}}))
+    staging = tmp_path / "staging.yaml"
+    staging.write_text(yaml.safe_dump({"ingest": {"inbox": "shelf"}, "registry": {"artifact_root": "shelf"}}))
+    config = IngestConfig(inbox="shelf")
+    assert check_inbox(ingest_paths(tmp_path, config), config).inbox == (tmp_path / "shelf").resolve()
+    with pytest.raises(ConfigError, match="is shelf/, the model registry's artifacts"):
+        check_inbox(ingest_paths(tmp_path, config, params=staging), config)
+    (tmp_path / "shelf" / "model.safetensors").write_text("not a batch")
+    result = CliRunner().invoke(app, ["--params", str(staging)])
+    assert result.exit_code == 1
+    assert "is shelf/, the model registry's artifacts (registry.artifact_root)" in result.output
+    assert (tmp_path / "shelf" / "model.safetensors").is_file()  # not taken for a batch, not moved
