@@ -71,8 +71,8 @@ def check_inbox(where: Paths, config: IngestConfig) -> Paths:
     if why is not None:
         raise ConfigError(
             f"inbox {where.inbox} {why}: a run would take every file there for a batch and move it into the "
-            f"inbox's {PROCESSED}/ or {REJECTED}/ folder; set ingest.inbox in params.yaml (or --inbox) to a "
-            f"folder of its own, such as {IngestConfig.inbox}")
+            f"inbox's {PROCESSED}/ or {REJECTED}/ folder; set ingest.inbox in {where.params.name} (or --inbox) "
+            f"to a folder of its own, such as {IngestConfig.inbox}")
     return where
 
 

@@ -76,4 +76,5 @@ def test_the_params_file_the_run_reads_places_the_registry_not_the_repositorys(t
     result = CliRunner().invoke(app, ["--params", str(staging)])
     assert result.exit_code == 1
     assert "is shelf/, the model registry's artifacts (registry.artifact_root)" in result.output
+    assert "set ingest.inbox in staging.yaml (or --inbox)" in result.output  # the file the run was given
     assert (tmp_path / "shelf" / "model.safetensors").is_file()  # not taken for a batch, not moved
