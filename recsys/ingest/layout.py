@@ -104,7 +104,7 @@ def _owned(where: Paths) -> dict[Path, str]:
     for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
         owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
     # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root) by its defaults,
-    # and where params.yaml puts them (in this repository or not).
+    # and where the run's params file puts them (in this repository or not).
     owned.setdefault(root / Path(RegistryConfig.artifact_root).parts[0],
                      "the model registry (registry.url, registry.artifact_root)")
     for path, what in _registry_paths(root, where.params).items():
