@@ -85,7 +85,7 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
 def rescore_on(params: Params, prepared: Path) -> RescoreFn:
     """Re-score a champion checkpoint on `prepared`'s test split, with the candidate's evaluation settings,
     on the device its model's evaluate stage uses (its `train.device`, with `train.cpu_allocator`): the
-    champion's number is then measured where the candidate's was (it was always the CPU). `cuda` where this
+    champion's number is then measured where the candidate's was. `cuda` where this
     process sees none — the coordinator of a pool of GPU workers (`--fan-out`) — is the CPU here."""
 
     def rescore(checkpoint: Path) -> Any:
@@ -93,7 +93,7 @@ def rescore_on(params: Params, prepared: Path) -> RescoreFn:
         from recsys.evaluate import score_test_split
 
         return score_test_split(checkpoint, prepared, params, str(read_meta(checkpoint)["model"]),
-                         cuda_absent_is_cpu=True)
+                                cuda_absent_is_cpu=True)
 
     return rescore
 
