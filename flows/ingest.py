@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from flows.artifacts import publish_ingest
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from recsys.bootstrap import PRESENT, ensure_raw_store
 from recsys.config import ConfigError, IngestConfig, load_params, workspace_root
-from recsys.entry import ArgumentParser
+from recsys.entry import ArgumentParser, is_transient
 from recsys.ingest.errors import BatchesRejected, rejection
 from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
 from recsys.ingest.layout import paths as ingest_paths
@@ -70,14 +71,48 @@ def has_batches_or_unfinished_work(repo_root: str, config: IngestConfig) -> bool
     return has_work(ingest_paths(repo_root, config))
 
 
-@task(name="ingest-inbox", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
-def ingest_inbox_task(repo_root: str, config: IngestConfig) -> dict[str, Any]:
-    """Recovery, every batch in the inbox, then the push; a failed push fails the task (and a retry, or the
-    next run, pushes first)."""
-    from recsys.ingest import ingest_inbox
+# A transient failure (an unreachable remote, DVC's lock held by another `dvc` command) is retried inside the
+# task, not by Prefect's task retries: the batches an attempt dealt with have left the inbox, and a retry by
+# Prefect would return only its own (an attempt that rejected a batch, then failed to push, would end in a
+# run that says nothing was rejected). Each attempt first completes what the one before left (commit, push).
+INGEST_ATTEMPTS = 3
+INGEST_RETRY_DELAY_S = 5.0
 
-    run = ingest_inbox(Path(repo_root), config)
-    return {"summaries": [dataclasses.asdict(s) for s in run], "actions": run.actions}
+
+@task(name="ingest-inbox")
+def ingest_inbox_task(repo_root: str, config: IngestConfig) -> dict[str, Any]:
+    """Recovery, every batch in the inbox, then the push, retried while the failure is transient; every
+    attempt's batches are in the result (or, when the last attempt fails, in its exception's `run`)."""
+    from recsys.ingest import IngestError, IngestRun, ingest_inbox
+
+    done = IngestRun()
+    for attempt in range(1, INGEST_ATTEMPTS + 1):
+        try:
+            run = ingest_inbox(Path(repo_root), config)
+        except IngestError as err:
+            _add(done, err.run)
+            if attempt == INGEST_ATTEMPTS or not is_transient(err):
+                err.run = done
+                raise
+            get_run_logger().warning("ingest attempt %d of %d failed: %s; retrying in %.0f s", attempt,
+                                     INGEST_ATTEMPTS, err, INGEST_RETRY_DELAY_S)
+            time.sleep(INGEST_RETRY_DELAY_S)
+        else:
+            _add(done, run)
+            break
+    return ingest_result(done)
+
+
+def _add(done: Any, run: Any) -> None:
+    """Append one attempt's `IngestRun` (None: it failed before any batch) to the task's."""
+    if run is not None:
+        done.extend(run)
+        done.actions.extend(run.actions)
+
+
+def ingest_result(run: Any) -> dict[str, Any]:
+    """The task's result (JSON-able) from an `IngestRun`."""
+    return {"summaries": [dataclasses.asdict(s) for s in run], "actions": list(run.actions)}
 
 
 @flow(name="ingest", log_prints=True)
@@ -93,8 +128,16 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     config = ingest_config(repo_root, inbox)  # read once; a bad inbox is refused before anything runs
     logger = get_run_logger()
     bootstrap(repo_root)
+    failed = None
     if has_batches_or_unfinished_work(repo_root, config):
-        done = ingest_inbox_task(repo_root, config)
+        state = ingest_inbox_task(repo_root, config, return_state=True)
+        if state.is_failed():
+            failed = state.result(raise_on_failure=False)
+            if getattr(failed, "run", None) is None:  # nothing was dealt with: nothing to report
+                raise failed
+            done = ingest_result(failed.run)  # report the batches dealt with, then fail with the error
+        else:
+            done = state.result()
     else:  # the nightly run when nothing arrived: skip loading the ingest code (pandas, GX) and its task
         logger.info(NOTHING_TO_INGEST)
         done = {"summaries": [], "actions": []}
@@ -106,6 +149,10 @@ def ingest(inbox: str | None = None, repo_root: str = str(ROOT)) -> dict[str, An
     publish_ingest(done["summaries"])
     summary = summarise(done)
     rejected = rejection(done["summaries"], ingest_paths(repo_root, config).inbox / REJECTED)
+    if failed is not None:  # a push that kept failing (or a failure after some batches): the run's error,
+        if rejected:        # with the rejected batches said first
+            logger.error("%s", rejected)
+        raise failed
     if rejected:  # every batch is dealt with (the accepted ones ingested and pushed): the run fails, once
         raise BatchesRejected(rejected, result=summary)
     return summary

@@ -191,9 +191,12 @@ def test_the_ingest_flow_deals_with_every_batch_then_fails_with_one_line_for_the
 
 def test_an_unreachable_remote_is_retried_then_fails_with_one_line_and_the_next_run_pushes(tmp_path):
     """A remote may come back, so the ingest task retries a failed push (each retry pushes first); when it
-    stays down the flow fails with the one line that says what to do, and the next run pushes."""
+    stays down the flow fails with the one line that says what to do, and the next run pushes. The batches
+    the first attempt dealt with are still reported: a retry by Prefect had returned only its own (none), so
+    a batch rejected before the push failed was said nowhere."""
     repo = make_repo(tmp_path / "repo")
     drop_batch(repo)
+    (repo / "inbox" / "broken.csv").write_text(BROKEN)
     env = subprocess_env(tmp_path / "prefect-home")
     dvc = str(Path(sys.executable).parent / "dvc")
     remote = subprocess.run([dvc, "remote", "list"], cwd=repo, capture_output=True, text=True,
@@ -204,11 +207,15 @@ def test_an_unreachable_remote_is_retried_then_fails_with_one_line_and_the_next_
     cmd = [sys.executable, "-m", "flows.ingest", "--repo-root", str(repo)]
     code, output = run_flow_process(cmd, repo, env, tmp_path / "blocked.log")
     assert code == 1, output[-4000:]
-    assert "Retry 1/2 will start" in output and "Retry 2/2 will start" in output, output[-4000:]
+    assert "ingest attempt 1 of 3 failed" in output and "ingest attempt 2 of 3 failed" in output, output[-4000:]
+    assert "ingest attempt 3 of 3" not in output and "Retry" not in output, output[-4000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the DVC remote does not have data version" in errors[0], output[-4000:]
-    assert "Traceback" not in output
+    assert output.splitlines()[-1] == errors[0] and "Traceback" not in output
+    assert "batch-0001.csv: ingested" in output, output[-4000:]  # the first attempt's batches, reported
+    assert rejected_line(repo, 2) in output, output[-4000:]
     assert (repo / "inbox" / "processed" / "batch-0001.csv").is_file()  # ingested once, before the push
+    assert (repo / "inbox" / "rejected" / "broken.csv").is_file()
     subprocess.run([dvc, "remote", "modify", "--local", "local", "url", remote], cwd=repo, check=True)
     code, output = run_flow_process(cmd, repo, env, tmp_path / "again.log")
     assert code == 0 and "completed an interrupted push" in output, output[-4000:]

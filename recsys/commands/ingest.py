@@ -50,16 +50,19 @@ def ingest(
         typer.echo(NOTHING_TO_INGEST)
         return
     # GX import is slow; keep --help and the empty run fast
-    from recsys.ingest import IngestError, PushFailed, ingest_batches, ingest_inbox
+    from recsys.ingest import IngestError, ingest_batches, ingest_inbox
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    push_error = None
+    run_error = None
     try:
         run = (ingest_batches(paths, root, config, move=True, params=params) if paths
                else ingest_inbox(root, config, params))
-    except PushFailed as err:
-        run, push_error = err.run, str(err)
-    except (IngestError, ConfigError) as err:
+    except IngestError as err:
+        if err.run is None:  # refused or failed before any batch was dealt with
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+        run, run_error = err.run, str(err)  # a failed push, or a failure after some batches: say those first
+    except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     # Before the batches: a recovered commit (whose batch then says "already ingested"), a push a killed run
@@ -76,7 +79,7 @@ def ingest(
     if not run and not run.actions:  # `recsys ingest inbox` with an empty inbox
         typer.echo(NOTHING_TO_INGEST)
     rejected = rejection([dataclasses.asdict(s) for s in run], where.inbox / REJECTED)
-    failures = [failure for failure in (push_error, rejected) if failure]
+    failures = [failure for failure in (run_error, rejected) if failure]
     if failures:
         typer.echo(f"error: {'; also '.join(failures)}", err=True)
         raise typer.Exit(1)

@@ -17,6 +17,10 @@ class IngestError(Exception):
     def __init__(self, message: str = "", transient: bool = False):
         super().__init__(message)
         self.transient = transient
+        # Raised out of a run that had dealt with batches (committed, filed away, rejected) before it failed:
+        # that run (`recsys.ingest.run.IngestRun`), for the caller to report: those batches have left the
+        # inbox, so a retry or the next run does not see them again.
+        self.run: Any = None
 
 
 class DvcAddFailed(IngestError):

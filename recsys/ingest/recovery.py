@@ -58,11 +58,11 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
         record, part = entry["record"], entry["record"]["part_file"]
         sha = record["batch_sha256"]
         part_path = paths.store / raw_store.INTERACTIONS_DIR / part if part else None
+        quarantine = entry["report"].get("quarantine_file")
         if sha in recorded:
             write_final_report(entry, recorded[sha]["data_version"])
             action = f"batch {sha[:16]} was already recorded; cleared its journal"
-        elif part_path is not None and not part_path.exists():
-            quarantine = entry["report"].get("quarantine_file")
+        elif _written_before_the_crash(part_path, quarantine) is False:
             if quarantine:
                 Path(quarantine).unlink(missing_ok=True)
             action = f"batch {sha[:16]} ({record['source']}) crashed before its part was written; rolled back"
@@ -73,6 +73,15 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
         fsync_dir(paths.pending)
         actions.append(action)
     return actions
+
+
+def _written_before_the_crash(part: Path | None, quarantine: str | None) -> bool:
+    """Whether a journal's files were all written (the commit writes the quarantine file, then the part):
+    a batch without a part (its good rows all duplicates) is complete only once its quarantine file is —
+    recording it without would point its report at a file that does not exist, and lose those rows."""
+    if part is not None:
+        return part.exists()
+    return quarantine is None or Path(quarantine).exists()
 
 
 def _complete(paths: Paths, entry: dict, index: KeyIndex | None) -> dict:

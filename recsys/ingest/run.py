@@ -54,6 +54,9 @@ class PushFailed(IngestError):
         super().__init__(message, transient)
         self.run = run
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]  # Prefect keeps a failed task's exception: copyable
+        return (PushFailed, (str(self), self.run, self.transient))
+
 
 def ingest_batches(
     paths: Sequence[str | Path],
@@ -87,11 +90,15 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))
         push_error = _push(where, config, run, interrupted=True)
         run.done_first = len(run.actions)
-        for path in inbox_files(where) if files is None else files:
-            summary = _ingest_one(path, where, config, index)
-            if move:
-                _file_away(path, summary, where)
-            run.append(summary)
+        try:
+            for path in inbox_files(where) if files is None else files:
+                summary = _ingest_one(path, where, config, index)
+                if move:
+                    _file_away(path, summary, where)
+                run.append(summary)
+        except IngestError as err:  # e.g. `dvc add` failing at the third batch: the first two are done
+            err.run = run
+            raise
         # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
         push_error = push_error or _push(where, config, run)
         if push_error:

@@ -97,6 +97,35 @@ def test_crash_at_each_fault_point_leaves_before_or_after_and_rerun_completes(
     )
 
 
+@pytest.mark.parametrize("fault", ["after_journal", "after_part_write"])
+def test_a_batch_of_duplicates_and_bad_rows_killed_midway_keeps_its_quarantined_rows(
+    seeded_template, tmp_path, fault
+):
+    """A batch whose good rows are all in the store already writes no part, only its quarantine file.
+    Killed before that file was written (after_journal), recovery recorded the batch anyway — its report
+    naming a quarantine file that did not exist, its bad rows gone, and the re-run saying "already
+    ingested". Now it rolls back and the re-run ingests the batch as an uninterrupted run does."""
+    batch = events(10)  # in the seeded history already
+    bad = events(1, start=500)
+    bad.loc[0, "timestamp"] = -3
+    batch = pd.concat([batch, bad], ignore_index=True)
+
+    reference = copy_repo(seeded_template, tmp_path / "reference")
+    [expected] = ingest.ingest_batches([write_frame(reference / "inbox" / "batch.csv", batch)], reference, CFG)
+    assert (expected.rows_accepted, expected.rows_duplicate, expected.rows_quarantined) == (0, 10, 1)
+    assert expected.quarantine_file and os.path.isfile(expected.quarantine_file)
+
+    repo = copy_repo(seeded_template, tmp_path / "repo")
+    path = write_frame(repo / "inbox" / "batch.csv", batch)
+    assert _run_child(repo, path, fault) == 1
+    [summary] = ingest.ingest_batches([path], repo, CFG)
+    assert summary.status == ("ingested" if fault == "after_journal" else "duplicate_batch"), summary.message
+    assert _comparable(_records(repo)) == _comparable(_records(reference))
+    quarantined = expected.quarantine_file.replace(str(reference), str(repo))
+    assert pd.read_csv(quarantined).equals(pd.read_csv(expected.quarantine_file))
+    assert list((repo / ".ingest" / "pending").iterdir()) == []
+
+
 def test_torn_manifest_line_is_repaired_and_batch_recorded_once(seeded_template, tmp_path):
     repo = copy_repo(seeded_template, tmp_path / "repo")
     path = write_frame(repo / "inbox" / "batch.csv", events(5, start=300))
