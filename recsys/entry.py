@@ -20,7 +20,8 @@ from recsys.layout import PARAMS
 _USER_ERRORS = [
     ("recsys.config", "ConfigError"), ("recsys.data", "DataError"), ("recsys.prepare", "PrepareError"),
     ("recsys.checkpoint", "CheckpointError"), ("recsys.ingest", "IngestError"),
-    ("recsys.registry", "RegistryError"), ("recsys.workspace", "DvcError"),
+    ("recsys.registry", "RegistryError"), ("recsys.registry", "ArtifactError"),
+    ("recsys.workspace", "DvcError"),
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
     ("recsys.distributed", "DistributedError"), ("recsys.device", "DeviceError"),
     ("recsys.train", "TrainingError"), ("recsys.model_configs", "SettingError"),

@@ -101,9 +101,10 @@ def resume_dir(resume_root: Path, model: str, run_key: str) -> Path:
 
 
 def resume_dirs(resume_root: Path, model: str) -> list[Path]:
-    """Every resume state of `model` (any run key, and a `.tmp` a kill left)."""
+    """Every resume state of `model` (any run key, and a `.tmp` or `.old` a kill left)."""
     root = Path(resume_root)
-    own = re.compile(re.escape(model) + r"-[0-9a-f]{20}(\.tmp)?")  # not another model whose name extends it
+    # (not another model whose name extends this one's)
+    own = re.compile(re.escape(model) + r"-[0-9a-f]{20}(\.tmp|\.old)?")
     return sorted(p for p in root.glob(f"{model}-*") if own.fullmatch(p.name)) if root.is_dir() else []
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from recsys.faults import fault_point
 from recsys.layout import prune_resume_state, resume_dir
 
 
@@ -45,11 +46,16 @@ def _load_prefixed(module: torch.nn.Module, tensors: dict[str, torch.Tensor], pr
     module.load_state_dict({k[len(head):]: v.to(device) for k, v in tensors.items() if k.startswith(head)})
 
 
+def _whole(state_dir: Path) -> bool:
+    """Both files of a saved state are there (not so in a folder an older version's killed save left)."""
+    return (state_dir / "state.json").is_file() and (state_dir / "state.safetensors").is_file()
+
+
 class Resume:
     """Full trainer state after an epoch, as safetensors + JSON, in `<root>/<model>-<run key>`.
 
     When training completes, every state of the model goes: this run's, another run key's (an interrupted
-    run of another config or data, which this output replaces) and a `.tmp` a kill left;
+    run of another config or data, which this output replaces) and a `.tmp` or `.old` a kill left;
     `recsys.layout.prune_resume_state` does the same when the output is complete by another route (DVC
     restored it from its cache)."""
 
@@ -76,15 +82,27 @@ class Resume:
         groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                   for group in opt["param_groups"]]
         (tmp / "state.json").write_text(json.dumps({**state, "param_groups": groups}))
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # By renames: the last epoch's state is moved aside, never deleted in place (a kill during a delete
+        # left a state.json without its tensors, which every later run failed to load); a kill between the
+        # renames leaves it whole at `.old`, and `load` resumes from it.
+        old = self._old()
+        shutil.rmtree(old, ignore_errors=True)
+        if self.dir.exists():
+            self.dir.rename(old)
+            fault_point("resume_state_moved_aside")
         tmp.rename(self.dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _old(self) -> Path:
+        return self.dir.with_name(self.dir.name + ".old")
 
     def load(self, model, optimizer, generator: torch.Generator, device,
              average: WeightAverage | None = None) -> dict | None:
-        if not (self.dir / "state.json").is_file():
+        source = next((d for d in (self.dir, self._old()) if _whole(d)), None)
+        if source is None:
             return None
-        tensors = load_file(str(self.dir / "state.safetensors"))
-        state = json.loads((self.dir / "state.json").read_text())
+        tensors = load_file(str(source / "state.safetensors"))
+        state = json.loads((source / "state.json").read_text())
         _load_prefixed(model, tensors, "model", device)
         if average is not None:  # the run key includes train.ema: a state with an average has one saved
             _load_prefixed(average.module, tensors, "ema", device)

@@ -16,6 +16,7 @@ from recsys.config import ConfigError
 from recsys.ingest.errors import BatchesRejected, DvcAddFailed, IngestError
 from recsys.ingest.run import IngestRun, PushFailed
 from recsys.prepare import PrepareError
+from recsys.registry import ArtifactError, ArtifactIntegrityError
 from recsys.workspace import DvcError, StageError
 
 
@@ -42,6 +43,9 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     (DvcAddFailed("`dvc add data` failed: ERROR: Unable to acquire lock", transient=True), True),
     (DvcAddFailed("`dvc add data` failed: ERROR: output 'data' is already specified",
                   transient=False), False),
+    # a champion's artifact missing or tampered with is refused the same way again (`promote`, `warm-sources`)
+    (ArtifactError("artifact 3f2a… is missing from the artifact store"), False),
+    (ArtifactIntegrityError("artifact 3f2a… no longer matches its sha256"), False),
     (OSError("disk hiccup"), True),
     (RuntimeError("a bug, maybe a flaky one"), True),
 ])

@@ -111,7 +111,8 @@ def test_a_batch_of_duplicates_and_bad_rows_killed_midway_keeps_its_quarantined_
     batch = pd.concat([batch, bad], ignore_index=True)
 
     reference = copy_repo(seeded_template, tmp_path / "reference")
-    [expected] = ingest.ingest_batches([write_frame(reference / "inbox" / "batch.csv", batch)], reference, CFG)
+    ref_path = write_frame(reference / "inbox" / "batch.csv", batch)
+    [expected] = ingest.ingest_batches([ref_path], reference, CFG)
     assert (expected.rows_accepted, expected.rows_duplicate, expected.rows_quarantined) == (0, 10, 1)
     assert expected.quarantine_file and os.path.isfile(expected.quarantine_file)
 
