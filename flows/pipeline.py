@@ -26,11 +26,12 @@ from flows.retrain import (
     check_run_parameters,
     retrain,
 )
-from recsys.entry import ArgumentParser, positive_int
+from recsys.entry import ArgumentParser
 from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.errors import BatchesRejected
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.recommend import describe_champion
+from recsys.retraining import epochs_argument
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
                                              description="run the pipeline flow (ingest → retrain → gate)"))
     parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
-    parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")
+    parser.add_argument("--epochs", type=epochs_argument, help="override train.epochs for this run only")
     parser.add_argument("--inbox", help="inbox folder (default: params.yaml ingest.inbox)")
     parser.add_argument("--repo-root", default=str(ROOT),
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")

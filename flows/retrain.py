@@ -28,11 +28,11 @@ from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, ru
 from flows.ingest import bootstrap
 from recsys.config import ConfigError, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
-from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
-                               read_results, restore_left_override, select_models, check_models_given,
-                               training_progress)
+from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_argument, epochs_override,
+                               read_curve, read_results, restore_left_override, select_models,
+                               check_models_given, training_progress)
 from recsys.faults import fault_point
-from recsys.entry import ArgumentParser, positive_float, positive_int
+from recsys.entry import ArgumentParser, positive_float
 from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head, force_refused
 from recsys.workspace import run_dvc, workspace_lock
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = add_verbose_flag(ArgumentParser("flows.retrain", description="run the retrain flow"))
     parser.add_argument("--models", nargs="+", help="models to train (default: all in params.yaml)")
     parser.add_argument("--force", action="store_true", help="retrain even when nothing changed")
-    parser.add_argument("--epochs", type=positive_int, help="override train.epochs for this run only")
+    parser.add_argument("--epochs", type=epochs_argument, help="override train.epochs for this run only")
     parser.add_argument("--repo-root", default=str(ROOT),
                         help="the repository to work in: params.yaml, dvc.yaml, data/ (default: the current folder)")
     add_fan_out_arguments(parser)

@@ -112,7 +112,8 @@ def data_batch(
 @data_app.command("download")
 def data_download(
     name: str = typer.Argument(..., help="movielens-1m | movielens-100k"),
-    dest: Path = typer.Option(..., help="folder to extract into"),
+    dest: str = typer.Option(..., help="folder to extract into (the archive's own folder there is replaced; "
+                                       "nothing else in it is touched)"),
     url: Optional[str] = typer.Option(None, help="mirror or file:// URL (default: the official archive)"),
     sha256: Optional[str] = typer.Option(None, help="expected sha256 (default: the official MD5 is checked)"),
 ) -> None:
@@ -121,7 +122,8 @@ def data_download(
 
     if name not in MOVIELENS:  # a command line that does not parse: before anything is fetched
         raise typer.BadParameter(f"{name!r} is not one of {' | '.join(MOVIELENS)}", param_hint="'NAME'")
-    typer.echo(f"extracted into {download_movielens(name, dest, url=url, sha256=sha256)}")
+    folder = folder_option(dest, "--dest")
+    typer.echo(f"extracted into {download_movielens(name, folder, url=url, sha256=sha256)}")
 
 
 def column_mapping(columns: list[str]) -> dict[str, str]:

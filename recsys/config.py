@@ -315,12 +315,17 @@ def parse_params(raw: dict[str, Any]) -> Params:
     model_configs: dict[str, Any] = {}
     model_train: dict[str, TrainConfig] = {}
     for name, cfg_cls in MODEL_CONFIGS.items():
-        section = dict(raw.pop(name, None) or {})
+        section = raw.pop(name, None)
+        if section is None:
+            section = {}
+        if not isinstance(section, dict):  # `sasrec: 5` (dict() of it was a traceback)
+            raise ConfigError(f"{name}: expected a mapping, got {type(section).__name__}")
+        section = dict(section)
         train_override = section.pop("train", None)
         model_configs[name] = build_dataclass(cfg_cls, section, name)
         if train_override is not None:
             if not isinstance(train_override, dict):
-                raise ConfigError(f"{name}.train: expected a mapping")
+                raise ConfigError(f"{name}.train: expected a mapping, got {type(train_override).__name__}")
             merged = {**dataclasses.asdict(sections["train"]), **train_override}
             model_train[name] = build_dataclass(TrainConfig, merged, f"{name}.train")
     if raw:

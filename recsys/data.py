@@ -12,6 +12,7 @@ import io
 import logging
 import shutil
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 import dataclasses
@@ -183,16 +184,26 @@ MOVIELENS = {
 
 
 def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str | None = None) -> Path:
-    """Download a zip archive, verify its checksum(s), and extract it into `dest` atomically."""
+    """Download a zip archive, verify its checksum(s), and extract it into the folder `dest`, which may hold
+    other things: only the archive's own top-level entries there (`ml-1m/`) are replaced, each by a rename
+    once the whole archive is verified and extracted (a failure leaves the old copy as it was). It used to
+    replace `dest` itself: `--dest .` or a shared data folder deleted everything in it."""
     if sha256 is None and md5 is None:
         raise DataError("refusing to download without a checksum to verify")
     dest = Path(dest)
-    with tempfile.TemporaryDirectory(dir=dest.parent if dest.parent.exists() else None) as tmp:
+    if dest.exists() and not dest.is_dir():
+        raise DataError(f"{dest} is a file: name a folder to extract into")
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https", "file"):
+        raise DataError(f"{url!r} is not an http(s):// or file:// URL")
+    # The download and extraction happen beside their target (the same file system: renames), and a
+    # failure creates no folder.
+    near = next(folder for folder in (dest, *dest.absolute().parents) if folder.is_dir())
+    with tempfile.TemporaryDirectory(dir=near, prefix=".download-") as tmp:
         archive = Path(tmp) / "archive.zip"
         try:
             with urllib.request.urlopen(url, timeout=120) as response, archive.open("wb") as out:
                 shutil.copyfileobj(response, out)
-        except OSError as err:
+        except (OSError, ValueError) as err:  # unreachable, missing, or a URL urllib cannot open
             raise DataError(f"download of {url} failed: {err}") from err
         payload = archive.read_bytes()
         for algo, expected in (("sha256", sha256), ("md5", md5)):
@@ -207,10 +218,14 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
                 zf.extractall(staging)
         except zipfile.BadZipFile as err:
             raise DataError(f"{url}: not a zip archive ({err})") from err
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.move(str(staging), dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        replaced = Path(tmp) / "replaced"
+        replaced.mkdir()
+        for entry in sorted(staging.iterdir()):
+            target = dest / entry.name
+            if target.exists() or target.is_symlink():
+                target.rename(replaced / entry.name)  # removed with the temporary folder
+            entry.rename(target)
     return dest
 
 

@@ -57,11 +57,16 @@ def dataset_version(repo_root: Path) -> str | None:
 
 
 def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) -> dict[str, Any]:
-    """The settings a version is registered with, in one shape for every caller."""
-    try:
-        train = dataclasses.asdict(params.train_config(model))
-    except (ConfigError, TypeError):
-        train = None
+    """The settings a version is registered with, in one shape for every caller. `train` is what the
+    checkpoint was trained with (its `train_config`), not what params.yaml says now: a run under `--epochs 3`
+    or another params file registered params.yaml's settings. A checkpoint without one (MostPop, or saved
+    before it was recorded) takes params.yaml's."""
+    train = checkpoint_meta.get("train_config")
+    if train is None:
+        try:
+            train = dataclasses.asdict(params.train_config(model))
+        except (ConfigError, TypeError):
+            train = None
     return {
         "model": model,
         "config": checkpoint_meta.get("config"),  # what was trained, from the checkpoint itself

@@ -34,6 +34,11 @@ class SettingError(ValueError):
         self.key, self.problem = key, problem
 
 
+# The most epochs (and epochs of patience) a run may be given: far beyond any run here (BERT4Rec's ceiling is
+# 2,000), and a bound on what a typo (`--epochs 99999999999999999999`) starts.
+MAX_EPOCHS = 1_000_000
+
+
 def require(ok: bool, key: str, value: Any, valid: str, section: str = "") -> None:
     """Refuse `value` of `key` unless `ok`: '<key> must be <valid>, got <value>'. Write `ok` as a comparison
     that NaN fails (`0.0 <= x < 1.0`, not `not x >= 1.0`)."""
@@ -291,7 +296,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("epochs", "patience"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), ">= 1 (whole epochs)", "train")
+            require(1 <= getattr(self, name) <= MAX_EPOCHS, name, getattr(self, name),
+                    f"from 1 to {MAX_EPOCHS:,} (whole epochs)", "train")
         for name in ("lr", "max_minutes", "grad_clip", "weight_decay"):
             zero = {"lr": "the weights stay as initialised", "max_minutes": "no time limit",
                     "grad_clip": "no clipping", "weight_decay": "none"}[name]

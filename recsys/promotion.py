@@ -123,7 +123,8 @@ def promote_candidate(
     the gate compared."""
     root = Path(repo_root)
     params.model_config(validate_name(model, "model name"))  # unknown: the known ones, not a stage to run
-    validate_name(baseline, "baseline model name")
+    # an unknown baseline was ignored, or the candidate gated against nothing: refused as an unknown model is
+    params.model_config(validate_name(baseline, "baseline model name"))
     candidate_dir, candidate, lineage = _stage_outputs(root, params, model, dataset_version)
     if candidate is None or lineage is None:
         raise PromotionError(

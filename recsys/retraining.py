@@ -19,6 +19,7 @@ import yaml
 from recsys.atomic import fsync_dir, write_text_atomic
 from recsys.config import ConfigError, Params, validate_name
 from recsys.layout import Layout
+from recsys.model_configs import MAX_EPOCHS
 from recsys.workspace import workspace_lock
 
 BASELINE = "mostpop"
@@ -98,10 +99,24 @@ def _backup_of(params_path: Path) -> Path:
 
 
 def check_epochs(epochs: int | None) -> None:
-    """An `epochs` override is none (params.yaml's) or a whole number ≥ 1; 0 is refused, not taken for none."""
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
-        raise ConfigError(f"epochs override must be a whole number ≥ 1 (or none: params.yaml's train.epochs), "
-                          f"got {epochs!r}")
+    """An `epochs` override is none (params.yaml's) or a whole number from 1 to `MAX_EPOCHS`; 0 is refused,
+    not taken for none."""
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                               or not 1 <= epochs <= MAX_EPOCHS):
+        raise ConfigError(f"epochs override must be a whole number from 1 to {MAX_EPOCHS:,} (or none: "
+                          f"params.yaml's train.epochs), got {epochs!r}")
+
+
+def epochs_argument(text: str) -> int:
+    """argparse type of the flows' `--epochs`: refused as a command line that does not parse (exit 2)."""
+    import argparse
+
+    from recsys.entry import positive_int
+
+    epochs = positive_int(text)
+    if epochs > MAX_EPOCHS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_EPOCHS:,} epochs, got {text!r}")
+    return epochs
 
 
 class epochs_override:

@@ -269,6 +269,19 @@ def test_data_download_checksum_mismatch(monkeypatch, capsys, tmp_path):
     assert not (tmp_path / "ml").exists()
 
 
+def test_data_download_refuses_an_empty_or_file_dest_before_fetching(monkeypatch, capsys, tmp_path):
+    """`--dest ""` was the current folder, which the download then deleted (a clone, .git and all)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for dest, says in (("", "Invalid value for '--dest': empty: name a folder"),
+                       (str(afile), f"Invalid value for '--dest': {afile} is a file: name a folder")):
+        code, out, err = run_cli(monkeypatch, capsys, "data", "download", "movielens-1m", "--dest", dest,
+                                 "--url", (tmp_path / "absent.zip").as_uri(), "--sha256", "0" * 64)
+        assert code == 2 and out == ""
+        assert_one_line_error(err, f"recsys data download: {says}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["train", "--no-such-option"], "recsys train: No such option: --no-such-option"),
     (["train"], "recsys train: Missing option '--model'"),

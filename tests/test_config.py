@@ -90,9 +90,9 @@ def test_wrong_type_is_an_error(raw, where):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"train": {"epochs": -1}}, "train.epochs must be >= 1 (whole epochs), got -1"),
-    ({"train": {"epochs": 0}}, "train.epochs must be >= 1"),
-    ({"train": {"patience": 0}}, "train.patience must be >= 1"),
+    ({"train": {"epochs": -1}}, "train.epochs must be from 1 to 1,000,000 (whole epochs), got -1"),
+    ({"train": {"epochs": 0}}, "train.epochs must be from 1 to 1,000,000"),
+    ({"train": {"patience": 0}}, "train.patience must be from 1 to 1,000,000"),
     ({"train": {"lr": -1.0}}, ("train.lr must be a finite number >= 0 (0 = the weights stay as initialised), "
                                "got -1.0")),
     ({"train": {"lr": float("nan")}}, ("train.lr must be a finite number >= 0 (0 = the weights stay as "
@@ -153,7 +153,16 @@ SEED = "in [0, 4294967295] (2**32 - 1)"
     ({"sasrec": {"train": {"seed": -1}}}, f"sasrec.train.seed must be {SEED}, got -1"),
     ({"train": {"batch_size": 0}}, "train.batch_size must be >= 1, got 0"),
     ({"train": {"lr_reference_batch": -1}}, "train.lr_reference_batch must be >= 1, got -1"),
-    ({"bert4rec": {"train": {"epochs": 0}}}, "bert4rec.train.epochs must be >= 1 (whole epochs), got 0"),
+    ({"bert4rec": {"train": {"epochs": 0}}},
+     "bert4rec.train.epochs must be from 1 to 1,000,000 (whole epochs), got 0"),
+    ({"train": {"epochs": 10**20}},  # was accepted: a run without end
+     "train.epochs must be from 1 to 1,000,000 (whole epochs), got 100000000000000000000"),
+    ({"sasrec": {"train": {"patience": 1_000_001}}},
+     "sasrec.train.patience must be from 1 to 1,000,000 (whole epochs), got 1000001"),
+    # a model's section that is no mapping (was a TypeError or ValueError traceback on every command)
+    ({"sasrec": 5}, "sasrec: expected a mapping, got int"),
+    ({"mostpop": [1]}, "mostpop: expected a mapping, got list"),
+    ({"mojito": "x"}, "mojito: expected a mapping, got str"),
     ({"mojito": {"train": {"ema": 1.0}}}, ("mojito.train.ema must be in [0, 1) (0 = off; the decay of the "
                                            "weights' moving average per optimiser step), got 1.0")),
 ])

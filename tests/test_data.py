@@ -198,6 +198,38 @@ def test_download_failure_keeps_previous_copy(tmp_path, archive_dir):
     assert (dest / "ml-1m" / "ratings.dat").read_text() == "old\n"
 
 
+def test_download_replaces_only_the_archives_own_folder(tmp_path, archive_dir):
+    """`--dest` is the folder to extract into: it replaced that whole folder (`--dest .` or a shared data
+    folder lost everything in it); now only what the archive holds at its top (`ml-1m/`) is replaced."""
+    archive = archive_dir / "ml.zip"
+    digest = make_zip(archive, {"ml-1m/ratings.dat": "new\n"})
+    dest = tmp_path / "datasets"
+    (dest / "ml-1m").mkdir(parents=True)
+    (dest / "ml-1m" / "ratings.dat").write_text("old\n")
+    (dest / "ml-1m" / "stale.txt").write_text("from the old copy\n")
+    (dest / "keep").mkdir()
+    (dest / "keep" / "notes.txt").write_text("mine\n")
+    (dest / "other.csv").write_text("a,b\n")
+    assert download(archive.as_uri(), dest, sha256=digest) == dest
+    assert (dest / "ml-1m" / "ratings.dat").read_text() == "new\n"
+    assert not (dest / "ml-1m" / "stale.txt").exists()  # the archive's folder as the archive has it
+    assert (dest / "keep" / "notes.txt").read_text() == "mine\n" and (dest / "other.csv").is_file()
+    assert sorted(p.name for p in dest.iterdir()) == ["keep", "ml-1m", "other.csv"]  # no temporary folder
+
+
+def test_download_refuses_a_file_or_a_url_it_cannot_open_in_one_error(tmp_path, archive_dir):
+    archive = archive_dir / "ml.zip"
+    digest = make_zip(archive, {"ml-1m/ratings.dat": "1::2::3::4\n"})
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(DataError, match="is a file: name a folder"):
+        download(archive.as_uri(), afile, sha256=digest)
+    for url in ("notaurl", "ftp://example.org/ml.zip"):
+        with pytest.raises(DataError, match="is not an http"):
+            download(url, tmp_path / "dest", sha256=digest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "source"]
+
+
 @pytest.mark.parametrize("member", ["../evil.txt", "ml-1m/../../evil.txt", "/tmp/evil-abs.txt"])
 def test_download_refuses_escaping_members(tmp_path, archive_dir, member):
     archive = archive_dir / "evil.zip"

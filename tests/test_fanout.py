@@ -403,8 +403,9 @@ def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path
     missing = str(tmp_path / "no-repo")
     with pytest.raises(ConfigError, match="fan_out_idle_minutes must be > 0, got 0"):
         flow.fn(repo_root=missing, fan_out="train-model/worker", fan_out_idle_minutes=0)
-    for bad in (0, -2, 2.5, True):
-        with pytest.raises(ConfigError, match=rf"epochs override must be a whole number ≥ 1 .*got {bad!r}"):
+    for bad in (0, -2, 2.5, True, 10**20):
+        with pytest.raises(ConfigError, match=rf"epochs override must be a whole number from 1 to 1,000,000 "
+                                              rf".*got {bad!r}"):
             flow.fn(repo_root=missing, epochs=bad)
     # An empty form field must not mean "everything" (models) or "no fan-out" (fan_out); Prefect's own check
     # of a deployment name was a traceback.

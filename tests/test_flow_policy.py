@@ -215,3 +215,18 @@ def test_a_flow_command_line_the_flow_would_refuse_is_refused_before_a_server_st
     assert done.stdout == "" and done.stderr.startswith(f"error: {message.format(repo=repo)}"), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert not list((tmp_path / "prefect-home").rglob("*.db"))  # no temporary server, no flow run
+
+
+def test_the_flows_epochs_option_is_bounded_as_train_epochs_is():
+    """`--epochs 99999999999999999999` was accepted and retrained every model for as long as it took."""
+    import argparse
+
+    from recsys.model_configs import MAX_EPOCHS
+    from recsys.retraining import epochs_argument
+
+    assert epochs_argument("3") == 3 and epochs_argument(str(MAX_EPOCHS)) == MAX_EPOCHS
+    for text, says in ((str(MAX_EPOCHS + 1), "expected at most 1,000,000 epochs"),
+                       ("99999999999999999999", "expected at most 1,000,000 epochs"),
+                       ("0", "expected a whole number of at least 1"), ("2.0", "expected a whole number")):
+        with pytest.raises(argparse.ArgumentTypeError, match=says):
+            epochs_argument(text)

@@ -248,6 +248,13 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
         "data/, or give a label (see 'recsys registry promote --help')"), unlabelled.output
     with open_from(params_path) as reg:
         assert reg.list_versions() == []  # refused before anything was registered
+    # An unknown baseline was taken (a `rejected` version recorded for good, the name never said): refused.
+    unknown = invoke(registry_app, "promote", "--model", "sasrec", "--baseline", "nosuch",
+                     "--params", str(params_path))
+    assert unknown.exit_code == 1 and "nosuch" in unknown.output and "Traceback" not in unknown.output
+    assert len(unknown.output.strip().splitlines()) == 1, unknown.output
+    with open_from(params_path) as reg:
+        assert reg.list_versions() == []
     first = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", "seed",
                    "--params", str(params_path))
     # MostPop became the baseline champion (v1) first; sasrec had to beat it.
