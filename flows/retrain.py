@@ -94,7 +94,7 @@ def promote_candidate(root: str, candidate: str, params_path: str | None = None)
 
     root_path = Path(root)
     params = load_params(root_path / params_path if params_path else Layout(root_path).params)
-    decision = promote(root_path, params, candidate, baseline=BASELINE)
+    decision = promote(root_path, params, candidate, baseline=BASELINE, trained_by_dvc=True)
     return {**dataclasses.asdict(decision), "model": candidate}
 
 

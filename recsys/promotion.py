@@ -27,6 +27,7 @@ from recsys.lineage import Lineage, capture
 from recsys.registry import PromotionDecision, RegistryError, open_registry
 from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
+from recsys.workspace import trained_data_version, workspace_lock
 
 BASELINE = "mostpop"
 
@@ -116,15 +117,30 @@ def promote_candidate(
     baseline: str = BASELINE,
     dataset_version: str | None = None,
     rescore: RescoreFn | None = None,
+    trained_by_dvc: bool = False,
 ) -> PromotionDecision:
     """Register `model`'s checkpoint with its lineage and gate it against the champion (see the module
-    docstring). `dataset_version` overrides the DVC version of the raw store; `rescore` the default
+    docstring). `dataset_version` overrides the DVC version of the raw store (data.dvc's); `trained_by_dvc`
+    (the retrain flow, whose stages only `dvc repro` runs) takes the version dvc.lock says `prepare` ran on
+    instead, which an ingest since has not moved on as it has data.dvc. `rescore` overrides the default
     re-scoring on `artifacts/prepared`. The decision's `champion_rescored_metric` is the champion's value
     the gate compared."""
     root = Path(repo_root)
     params.model_config(validate_name(model, "model name"))  # unknown: the known ones, not a stage to run
     # an unknown baseline was ignored, or the candidate gated against nothing: refused as an unknown model is
     params.model_config(validate_name(baseline, "baseline model name"))
+    # Under the workspace lock: a `dvc repro` or an ingest in this workspace (another deployment's run) cannot
+    # replace a model's checkpoint or metrics, or move data.dvc on, between reading them and registering them.
+    with workspace_lock(root):
+        if trained_by_dvc and dataset_version is None:
+            dataset_version = trained_data_version(root)  # None without a record: data.dvc's
+        return _promote_locked(root, params, model, baseline, dataset_version, rescore)
+
+
+def _promote_locked(
+    root: Path, params: Params, model: str, baseline: str, dataset_version: str | None,
+    rescore: RescoreFn | None,
+) -> PromotionDecision:
     candidate_dir, candidate, lineage = _stage_outputs(root, params, model, dataset_version)
     if candidate is None or lineage is None:
         raise PromotionError(

@@ -111,6 +111,47 @@ def test_flow_and_cli_record_identical_lineage(workspace):
     assert by_flow["champion_rescored_metric"] == pytest.approx(baseline["metrics"]["ndcg@10"])
 
 
+def test_the_flow_records_the_data_dvc_repro_trained_on_not_an_ingest_since(workspace):
+    """An ingest between the flow's `dvc repro` and its promotion moved data.dvc on, and the version was
+    recorded with data its model never saw. The flow takes dvc.lock's record of what `prepare` ran on; a
+    promotion by hand keeps data.dvc's (its stages may have been run by hand)."""
+    from flows.retrain import promote_candidate as flow_promote
+
+    trained_on = "0" * 32 + ".dir"
+    lock = {"schema": "2.0", "stages": {"prepare": {"cmd": "python -m recsys.prepare", "deps": [
+        {"path": "recsys/prepare.py", "md5": "1" * 32, "size": 1},
+        {"path": "data", "md5": trained_on, "size": 10, "nfiles": 1}]}}}
+    (workspace / "dvc.lock").write_text(yaml.safe_dump(lock))
+    flow_params, cli_params = second_params(workspace, "reg-flow"), second_params(workspace, "reg-cli")
+    flow_promote.fn(str(workspace), "sasrec", flow_params.name)
+    assert cli_promote(cli_params).exit_code == 0
+    with open_from(flow_params) as flow_reg, open_from(cli_params) as cli_reg:
+        assert {v["dataset_version"] for v in version_rows(flow_reg)} == {trained_on}
+        assert {v["dataset_version"] for v in version_rows(cli_reg)} == {DATA_MD5}
+
+
+def test_a_promotion_waits_for_the_workspace_lock(workspace, tmp_path):
+    """A `dvc repro` or an ingest of another run (holding the workspace lock) could replace a checkpoint or
+    its metrics while a promotion read and copied them: the promotion now waits for the lock."""
+    import subprocess
+    import sys
+
+    released = tmp_path / "released"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+         "from recsys.workspace import workspace_lock\n"
+         "with workspace_lock(Path(sys.argv[1])):\n"
+         "    print('locked', flush=True)\n    time.sleep(5)\n    Path(sys.argv[2]).write_text('x')\n",
+         str(workspace), str(released)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        decision = promote_candidate(workspace, load_params(workspace / "params.yaml"), "sasrec")
+        assert released.exists()  # it could not finish before the holder let go
+        assert decision.version == 2
+    finally:
+        holder.wait(60)
+
+
 def test_a_repeated_promotion_changes_nothing(workspace):
     params = load_params(workspace / "params.yaml")
     first = promote_candidate(workspace, params, "sasrec")
