@@ -137,12 +137,12 @@ def test_a_promotion_waits_for_the_workspace_lock(workspace, tmp_path):
     import sys
 
     released = tmp_path / "released"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from recsys.workspace import workspace_lock\n"
-         "with workspace_lock(Path(sys.argv[1])):\n"
-         "    print('locked', flush=True)\n    time.sleep(5)\n    Path(sys.argv[2]).write_text('x')\n",
-         str(workspace), str(released)], stdout=subprocess.PIPE, text=True)
+    hold = ("import sys, time\nfrom pathlib import Path\n"
+            "from recsys.workspace import workspace_lock\n"
+            "with workspace_lock(Path(sys.argv[1])):\n"
+            "    print('locked', flush=True)\n    time.sleep(5)\n    Path(sys.argv[2]).write_text('x')\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(workspace), str(released)],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         decision = promote_candidate(workspace, load_params(workspace / "params.yaml"), "sasrec")
