@@ -690,26 +690,64 @@ _REFUSALS = [
 ]
 
 
+def _case_id(case) -> str:  # type: ignore[no-untyped-def]
+    command = case.values[0] if hasattr(case, "values") else case[0]
+    return " ".join(command)
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """Every `_REFUSALS` command line run once, each as its own process forked from one that imported the
+    scripts' modules (tests/script_runner.py: thirty interpreter starts with torch cost a minute of the fast
+    loop), in a folder of its own; with the results folder before and after."""
+    results = ROOT / "benchmarks" / "results"
+    before = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    folders, commands = {}, []
+    for case in _REFUSALS:
+        key = _case_id(case)
+        folders[key] = tmp_path_factory.mktemp("refusal")
+        command = case.values[0] if hasattr(case, "values") else case[0]
+        commands.append([part.format(tmp=folders[key]) for part in command])
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
+                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          check=True)
+    outcomes = dict(zip(folders, json.loads(done.stdout)))
+    after = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
+    return outcomes, folders, before, after
+
+
 @pytest.mark.parametrize(("command", "says"), _REFUSALS)
-def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(tmp_path, command, says):
+def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(refused, command, says):
     """Each benchmark's input is checked before anything is prepared, started, trained or written: one
     `error:` line naming the option or run and the value (argparse's, after its usage, for a bad option
     value: exit 2; one of ours: exit 1), never a traceback."""
-    results = ROOT / "benchmarks" / "results"
-    before = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
-    script, *args = [part.format(tmp=tmp_path) for part in command]
-    got = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120, check=False)
-    lines = got.stderr.strip().splitlines()
+    outcomes, folders, before, after = refused
+    got = outcomes[" ".join(command)]
+    lines = got["stderr"].strip().splitlines()
     errors = [line for line in lines if "error:" in line]
-    assert "Traceback" not in got.stderr, got.stderr
-    assert len(errors) == 1 and says in errors[0], got.stderr
-    if got.returncode == 2:  # argparse's refusal: its usage, then `prog: error: argument --option: ...`
-        assert errors[0] == lines[-1] and ": error: argument --" in errors[0], got.stderr
+    assert "Traceback" not in got["stderr"], got["stderr"]
+    assert len(errors) == 1 and says in errors[0], got["stderr"]
+    if got["code"] == 2:  # argparse's refusal: its usage, then `prog: error: argument --option: ...`
+        assert errors[0] == lines[-1] and ": error: argument --" in errors[0], got["stderr"]
     else:
-        assert got.returncode == 1 and lines == errors and errors[0].startswith("error: "), got.stderr
-    assert not any(tmp_path.iterdir())  # no results, work dir or data written
-    assert {p.name: p.stat().st_mtime_ns for p in results.iterdir()} == before
+        assert got["code"] == 1 and lines == errors and errors[0].startswith("error: "), got["stderr"]
+    assert not any(folders[" ".join(command)].iterdir())  # no results, work dir or data written
+    assert after == before
+
+
+def test_the_script_runner_gives_each_command_its_own_process_code_and_output():
+    """tests/script_runner.py stands in for `python benchmarks/<script>` in the refusal test above: the same
+    exit codes and stderr as a real interpreter start, and a command's changes stay in its own process."""
+    commands = [["step_ops.py", "--steps", "0"], ["step_ops.py", "--help"], ["step_ops.py", "--steps", "0"]]
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
+                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          check=True)
+    forked = json.loads(done.stdout)
+    real = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_ops.py"), "--steps", "0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert forked[0]["code"] == real.returncode == 2 and forked[0]["stderr"] == real.stderr
+    assert forked[1]["code"] == 0 and "usage:" in forked[1]["stdout"] and forked[1]["stderr"] == ""
+    assert forked[2] == forked[0]
 
 
 def test_a_rows_seed_is_its_own_field_or_its_train_configs():
