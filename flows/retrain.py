@@ -47,10 +47,12 @@ def warm_sources(root: str) -> list[str]:
     return resolve_warm_sources(Path(root), load_params(Layout(Path(root)).params))
 
 
-@task(name="dvc-status")
+@task(name="dvc-status", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
 def stale_stages(root: str, targets: list[str]) -> list[str]:
-    """Stages `dvc repro` would run (empty when nothing changed)."""
-    done = run_dvc(Path(root), "status", "--json", "--with-deps", *targets)
+    """Stages `dvc repro` would run (empty when nothing changed). Under the workspace lock: `dvc status`
+    takes DVC's own lock, which an ingest's `dvc add` (another deployment's run) held — the status failed."""
+    with workspace_lock(Path(root)):
+        done = run_dvc(Path(root), "status", "--json", "--with-deps", *targets)
     return sorted(json.loads(done.stdout or "{}"))
 
 
