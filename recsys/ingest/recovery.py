@@ -62,7 +62,7 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
         if sha in recorded:
             write_final_report(entry, recorded[sha]["data_version"])
             action = f"batch {sha[:16]} was already recorded; cleared its journal"
-        elif _written_before_the_crash(part_path, quarantine) is False:
+        elif not _written_before_the_crash(part_path, quarantine):
             if quarantine:
                 Path(quarantine).unlink(missing_ok=True)
             action = f"batch {sha[:16]} ({record['source']}) crashed before its part was written; rolled back"
