@@ -25,7 +25,7 @@ def load_ingest_config(params: Path) -> IngestConfig:
 @app.command(context_settings={"allow_interspersed_args": True})
 def ingest(
     paths: Annotated[
-        Optional[list[Path]],
+        Optional[list[str]],
         typer.Argument(help="Batch files (CSV, Parquet, JSON lines) in the inbox; none, or the inbox itself: "
                             "every file in it."),
     ] = None,
@@ -34,6 +34,10 @@ def ingest(
     """Ingest each batch exactly once and move it to inbox/processed/ (or inbox/rejected/), as the ingest
     flow does; print what happened. Exit code 1 if any batch was rejected (the others are ingested, and one
     `error:` line names each rejected batch and its report) or the push did not finish."""
+    if any(not path.strip() for path in paths or []):  # Path("") is the current folder: "outside the inbox"
+        raise typer.BadParameter("empty: name a batch file in the inbox (or none: every file in it)",
+                                 param_hint="'PATHS...'")
+    batches = [Path(path) for path in paths or []]
     from recsys.ingest.errors import rejection
     from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
     from recsys.ingest.layout import paths as ingest_paths
@@ -46,7 +50,7 @@ def ingest(
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    if not paths and not has_work(where):  # a few stats: no ingest code, no key index
+    if not batches and not has_work(where):  # a few stats: no ingest code, no key index
         typer.echo(NOTHING_TO_INGEST)
         return
     # GX import is slow; keep --help and the empty run fast
@@ -55,7 +59,7 @@ def ingest(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     run_error = None
     try:
-        run = (ingest_batches(paths, root, config, move=True, params=params) if paths
+        run = (ingest_batches(batches, root, config, move=True, params=params) if batches
                else ingest_inbox(root, config, params))
     except IngestError as err:
         if err.run is None:  # refused or failed before any batch was dealt with
