@@ -295,8 +295,8 @@ def test_data_download_refuses_an_empty_or_file_dest_before_fetching(monkeypatch
     (["data", "batch", "-1"], ("recsys data batch: No such option: -1: a value that starts with '-' goes "
                                "after '--' (recsys data batch -- -1)")),
     # an empty path was the current folder, refused as "outside the inbox"
-    (["ingest", ""], ("recsys ingest: Invalid value for 'PATHS...': empty: name a batch file in the inbox (or "
-                      "none: every file in it)")),
+    (["ingest", ""], ("recsys ingest: Invalid value for 'PATHS...': empty: name a batch file in the inbox "
+                      "(or none: every file in it)")),
     (["data", "download", "movielens-20m", "--dest", "x"],
      ("recsys data download: Invalid value for 'NAME': 'movielens-20m' is not one of movielens-1m | "
       "movielens-100k")),
