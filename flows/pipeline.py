@@ -24,6 +24,7 @@ from flows.retrain import (
     check_command_line,
     check_fan_out_arguments,
     check_run_parameters,
+    epochs_argument,
     retrain,
 )
 from recsys.entry import ArgumentParser
@@ -31,7 +32,6 @@ from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.errors import BatchesRejected
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.recommend import describe_champion
-from recsys.retraining import epochs_argument
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
 

@@ -28,11 +28,12 @@ from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, ru
 from flows.ingest import bootstrap
 from recsys.config import ConfigError, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
-from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_argument, epochs_override,
-                               read_curve, read_results, restore_left_override, select_models,
-                               check_models_given, training_progress)
+from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
+                               read_results, restore_left_override, select_models, check_models_given,
+                               training_progress)
 from recsys.faults import fault_point
-from recsys.entry import ArgumentParser, positive_float
+from recsys.entry import ArgumentParser, positive_float, positive_int
+from recsys.model_configs import MAX_EPOCHS
 from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head, force_refused
 from recsys.workspace import run_dvc, workspace_lock
 
@@ -210,6 +211,15 @@ def check_command_line(repo_root: str, models: list[str] | None) -> None:
     root = workspace_root(repo_root)
     if models is not None:
         select_models(load_params(Layout(root).params), models)
+
+
+def epochs_argument(text: str) -> int:
+    """argparse type of `--epochs` (this flow's and the pipeline's): refused as a command line that does not
+    parse (exit 2), before a flow run is created; the flow checks again what a UI or API run passes."""
+    epochs = positive_int(text)
+    if epochs > MAX_EPOCHS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_EPOCHS:,} epochs, got {text!r}")
+    return epochs
 
 
 def deployment_name(text: str) -> str:

@@ -49,6 +49,25 @@ def git_code_version(repo_root: Path) -> str | None:
     return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def trained_data_version(repo_root: Path) -> str | None:
+    """The dataset version the `prepare` stage last ran on, as `dvc repro` recorded it in dvc.lock (the md5 of
+    its `data` dependency): what the models of a DVC-run pipeline were trained on, even after an ingest has
+    moved data.dvc on. None without such a record (stages run by hand)."""
+    import yaml
+
+    from recsys.layout import DATA
+
+    path = Path(repo_root) / "dvc.lock"
+    if not path.is_file():
+        return None
+    try:
+        stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages") or {}
+    except yaml.YAMLError:
+        return None
+    deps = (stages.get("prepare") or {}).get("deps") or []
+    return next((d.get("md5") for d in deps if isinstance(d, dict) and d.get("path") == DATA), None)
+
+
 def dataset_version(repo_root: Path) -> str | None:
     """The DVC version (md5) of the raw store, or None when it is not tracked by DVC."""
     from recsys.workspace import data_version

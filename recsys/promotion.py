@@ -23,11 +23,11 @@ from typing import Any
 
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
-from recsys.lineage import Lineage, capture
+from recsys.lineage import Lineage, capture, trained_data_version
 from recsys.registry import PromotionDecision, RegistryError, open_registry
 from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
-from recsys.workspace import trained_data_version, workspace_lock
+from recsys.workspace import workspace_lock
 
 BASELINE = "mostpop"
 

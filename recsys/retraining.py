@@ -107,18 +107,6 @@ def check_epochs(epochs: int | None) -> None:
                           f"params.yaml's train.epochs), got {epochs!r}")
 
 
-def epochs_argument(text: str) -> int:
-    """argparse type of the flows' `--epochs`: refused as a command line that does not parse (exit 2)."""
-    import argparse
-
-    from recsys.entry import positive_int
-
-    epochs = positive_int(text)
-    if epochs > MAX_EPOCHS:
-        raise argparse.ArgumentTypeError(f"expected at most {MAX_EPOCHS:,} epochs, got {text!r}")
-    return epochs
-
-
 class epochs_override:
     """Temporarily set `train.epochs` (and per-model `train.epochs`) in params.yaml for one `dvc repro`.
 

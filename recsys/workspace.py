@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import yaml
 
 from recsys.atomic import write_text_atomic
-from recsys.layout import DATA, DATA_DVC, STATE, Layout
+from recsys.layout import DATA_DVC, STATE, Layout
 
 if TYPE_CHECKING:
     import psutil
@@ -435,21 +435,6 @@ def _held_by_ancestor(state: Path) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def trained_data_version(root: Path) -> str | None:
-    """The dataset version the `prepare` stage last ran on, as `dvc repro` recorded it in dvc.lock (the md5 of
-    its `data` dependency): what the models of a DVC-run pipeline were trained on, even after an ingest has
-    moved data.dvc on. None without such a record (stages run by hand)."""
-    path = Path(root) / "dvc.lock"
-    if not path.is_file():
-        return None
-    try:
-        stages = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("stages") or {}
-    except yaml.YAMLError:
-        return None
-    deps = (stages.get("prepare") or {}).get("deps") or []
-    return next((d.get("md5") for d in deps if isinstance(d, dict) and d.get("path") == DATA), None)
 
 
 def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:

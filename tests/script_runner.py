@@ -28,7 +28,9 @@ def _child(script: Path, args: list[str], out: Path, err: Path) -> None:
     try:
         for stream, path, fd in ((sys.stdout, out, 1), (sys.stderr, err, 2)):
             stream.flush()
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+            opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(opened, fd)
+            os.close(opened)
         sys.argv = [str(script), *args]
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as done:

@@ -690,30 +690,31 @@ _REFUSALS = [
 ]
 
 
-def _case_id(case) -> str:  # type: ignore[no-untyped-def]
-    command = case.values[0] if hasattr(case, "values") else case[0]
-    return " ".join(command)
+def _command(case) -> list[str]:  # type: ignore[no-untyped-def]
+    """A `_REFUSALS` entry's command line (an entry may be a `pytest.param`)."""
+    return case.values[0] if hasattr(case, "values") else case[0]
+
+
+def run_forked(commands: list[list[str]]) -> list[dict]:
+    """tests/script_runner.py: each command line its own process, forked from one warm interpreter."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
+                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          check=True)
+    return json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory):
     """Every `_REFUSALS` command line run once, each as its own process forked from one that imported the
     scripts' modules (tests/script_runner.py: thirty interpreter starts with torch cost a minute of the fast
-    loop), in a folder of its own; with the results folder before and after."""
+    loop), in a folder of its own (by the command line's text); with the results folder before and after."""
     results = ROOT / "benchmarks" / "results"
     before = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
-    folders, commands = {}, []
-    for case in _REFUSALS:
-        key = _case_id(case)
-        folders[key] = tmp_path_factory.mktemp("refusal")
-        command = case.values[0] if hasattr(case, "values") else case[0]
-        commands.append([part.format(tmp=folders[key]) for part in command])
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
-                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          check=True)
-    outcomes = dict(zip(folders, json.loads(done.stdout)))
+    folders = {" ".join(_command(case)): tmp_path_factory.mktemp("refusal") for case in _REFUSALS}
+    outcomes = run_forked([[part.format(tmp=folders[" ".join(_command(case))]) for part in _command(case)]
+                           for case in _REFUSALS])
     after = {p.name: p.stat().st_mtime_ns for p in results.iterdir()}
-    return outcomes, folders, before, after
+    return dict(zip(folders, outcomes)), folders, before, after
 
 
 @pytest.mark.parametrize(("command", "says"), _REFUSALS)
@@ -738,11 +739,8 @@ def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(refused, co
 def test_the_script_runner_gives_each_command_its_own_process_code_and_output():
     """tests/script_runner.py stands in for `python benchmarks/<script>` in the refusal test above: the same
     exit codes and stderr as a real interpreter start, and a command's changes stay in its own process."""
-    commands = [["step_ops.py", "--steps", "0"], ["step_ops.py", "--help"], ["step_ops.py", "--steps", "0"]]
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
-                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          check=True)
-    forked = json.loads(done.stdout)
+    forked = run_forked([["step_ops.py", "--steps", "0"], ["step_ops.py", "--help"],
+                         ["step_ops.py", "--steps", "0"]])
     real = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_ops.py"), "--steps", "0"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
     assert forked[0]["code"] == real.returncode == 2 and forked[0]["stderr"] == real.stderr

@@ -221,8 +221,8 @@ def test_the_flows_epochs_option_is_bounded_as_train_epochs_is():
     """`--epochs 99999999999999999999` was accepted and retrained every model for as long as it took."""
     import argparse
 
+    from flows.retrain import epochs_argument
     from recsys.model_configs import MAX_EPOCHS
-    from recsys.retraining import epochs_argument
 
     assert epochs_argument("3") == 3 and epochs_argument(str(MAX_EPOCHS)) == MAX_EPOCHS
     for text, says in ((str(MAX_EPOCHS + 1), "expected at most 1,000,000 epochs"),

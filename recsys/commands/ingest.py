@@ -61,14 +61,11 @@ def ingest(
     try:
         run = (ingest_batches(batches, root, config, move=True, params=params) if batches
                else ingest_inbox(root, config, params))
-    except IngestError as err:
-        if err.run is None:  # refused or failed before any batch was dealt with
+    except (IngestError, ConfigError) as err:
+        if getattr(err, "run", None) is None:  # refused or failed before any batch was dealt with
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1) from None
         run, run_error = err.run, str(err)  # a failed push, or a failure after some batches: say those first
-    except ConfigError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
     # Before the batches: a recovered commit (whose batch then says "already ingested"), a push a killed run
     # left undone.
     for action in run.actions[:run.done_first]:
