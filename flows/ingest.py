@@ -68,7 +68,7 @@ def ingest_config(repo_root: str, inbox: str | None) -> IngestConfig:
 
 def has_batches_or_unfinished_work(repo_root: str, config: IngestConfig) -> bool:
     """`recsys.ingest.layout.has_work` for this repository and inbox: a few stats, before any ingest code loads."""
-    return has_work(ingest_paths(repo_root, config))
+    return has_work(ingest_paths(repo_root, config), config)
 
 
 # A transient failure (an unreachable remote, DVC's lock held by another `dvc` command) is retried inside the

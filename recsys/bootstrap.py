@@ -21,6 +21,8 @@ from recsys.layout import Layout
 from recsys.workspace import dvc_error_line, run_dvc, workspace_lock
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from recsys.config import Params
 
 
@@ -91,7 +93,7 @@ def _version_seed(root: Path, params: Params) -> None:
     from recsys.ingest.commit import mark_push_pending
 
     run_dvc(root, "add", Layout(root).data.name)
-    mark_push_pending(*_ingest_side(root, params))
+    mark_push_pending(_ingest_side(root, params)[0])
 
 
 _NOT_PUSHED = " (not pushed: ingest.dvc_push is false)"
@@ -109,21 +111,22 @@ def _push_seed(root: Path, params: Params) -> bool:
 PRESENT = "raw store present"
 
 
-def _left_undone(root: Path) -> bool:
+def _left_undone(root: Path, params: Callable[[], Params]) -> bool:
     """Whether a killed ingest or bootstrap left a commit or a push unfinished (`recsys.ingest.layout`'s few
-    stats; where ingest keeps its state does not depend on the settings, so none are read)."""
+    stats; where ingest keeps its state does not depend on the settings, so they are read only for a push
+    marker: with `ingest.dvc_push: false` the push waits, as in an ingest run)."""
     from recsys.config import IngestConfig
-    from recsys.ingest.layout import needs_recovery
+    from recsys.ingest.layout import needs_recovery, push_owed
     from recsys.ingest.layout import paths as ingest_paths
 
     where = ingest_paths(root, IngestConfig())
-    return needs_recovery(where) or where.push_marker.exists()
+    return needs_recovery(where) or (where.push_marker.exists() and push_owed(where, params().ingest))
 
 
 def _present(root: Path, params: Params) -> str:
     """The store is here: finish what a killed ingest or bootstrap left (its commit, its push: a push killed
     midway left the remote without the data), as the next ingest run would, in one line."""
-    if not _left_undone(root):
+    if not _left_undone(root, lambda: params):
         return PRESENT
     from recsys.ingest.recovery import finish_interrupted
 
@@ -153,14 +156,15 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     """
     root = Path(root)
     paths = Layout(root)
-    if store_has_data(root) and not paths.seeding.exists() and not _left_undone(root):
-        return PRESENT
 
     @functools.cache
     def params() -> Params:  # read once, and only on the paths that need it (a pull does not)
         from recsys.config import load_params
 
         return load_params(params_path or paths.params)
+
+    if store_has_data(root) and not paths.seeding.exists() and not _left_undone(root, params):
+        return PRESENT
 
     with workspace_lock(root):
         if paths.seeding.exists() and _settle_seeding(root, paths, params()) == "versioned":

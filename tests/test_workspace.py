@@ -13,8 +13,9 @@ import pytest
 import yaml
 from dvc_support import point_remote
 
-from recsys.bootstrap import BootstrapError, ensure_raw_store, store_has_data
+from recsys.bootstrap import PRESENT, BootstrapError, ensure_raw_store, store_has_data
 from recsys.ingest import IngestError
+from recsys.ingest.dvc import data_version
 from recsys.workspace import DvcError, StageError, run_dvc
 
 # Each `dvc` call takes seconds (minutes on a loaded box): these run with the slow end-to-end tests.
@@ -307,7 +308,7 @@ def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, wri
         ensure_raw_store(dvc_repo)  # (--quiet hid it, leaving only DVC's "Having any troubles?" hint)
     assert "\n" not in str(failed.value)
     where = ingest_paths(dvc_repo, IngestConfig())
-    assert store_has_data(dvc_repo) and where.push_marker.is_file() and has_work(where)
+    assert store_has_data(dvc_repo) and where.push_marker.is_file() and has_work(where, IngestConfig())
     point_remote(dvc_repo, tmp_path / "remote")
     run = ingest_inbox(dvc_repo, IngestConfig())
     assert any("completed an interrupted push" in action for action in run.actions), run.actions
@@ -319,8 +320,10 @@ def test_a_seed_whose_push_failed_is_pushed_by_the_next_ingest_run(dvc_repo, wri
 @dvc_slow
 def test_bootstrap_pushes_only_as_ingest_dvc_push_says(dvc_repo, write_params, tmp_path):
     """Bootstrap pushed the seed whatever params.yaml said: with `ingest.dvc_push: false` and a remote it
-    cannot write, it stopped with DVC's error and left ingest a push marker. Now the seed is versioned and
-    not pushed, nothing is marked, and the line says so."""
+    cannot write, it stopped with DVC's error. Now the seed is versioned and not pushed, and the line says
+    so; the push marker records that the remote lacks it, which is no work while pushes are off (a
+    nothing-new run stays a few stats) and is pushed by the first run that has them on — a staging params
+    file must not make the remote's debt forgotten."""
     from recsys.config import load_params
     from recsys.ingest.layout import has_work
     from recsys.ingest.layout import paths as ingest_paths
@@ -332,8 +335,20 @@ def test_bootstrap_pushes_only_as_ingest_dvc_push_says(dvc_repo, write_params, t
     said = ensure_raw_store(dvc_repo)
     assert said == "generated the default dataset into data/ and versioned it with DVC (not pushed: " \
                    "ingest.dvc_push is false)"
-    where = ingest_paths(dvc_repo, load_params(dvc_repo / "params.yaml").ingest)
-    assert _seed_recorded(dvc_repo) and not where.push_marker.exists() and not has_work(where)
+    off = load_params(dvc_repo / "params.yaml").ingest
+    where = ingest_paths(dvc_repo, off)
+    assert _seed_recorded(dvc_repo) and where.push_marker.is_file() and not has_work(where, off)
+    assert ensure_raw_store(dvc_repo) == PRESENT  # pushes off: nothing undone, the marker kept
+    assert where.push_marker.is_file()
+    point_remote(dvc_repo, tmp_path / "remote")
+    write_params(path=dvc_repo / "params.yaml")  # pushes on again
+    on = load_params(dvc_repo / "params.yaml").ingest
+    assert has_work(where, on)
+    assert ensure_raw_store(dvc_repo) == f"{PRESENT}; completed an interrupted push: data version " \
+                                         f"{data_version(where)} is on the DVC remote"
+    assert not where.push_marker.exists() and not has_work(where, on)
+    shutil.rmtree(dvc_repo / "data")  # the remote has it: a fresh clone pulls it
+    assert ensure_raw_store(dvc_repo) == "raw store pulled from the DVC remote"
 
 
 def _seed_recorded(repo) -> bool:

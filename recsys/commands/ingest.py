@@ -50,7 +50,7 @@ def ingest(
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
-    if not batches and not has_work(where):  # a few stats: no ingest code, no key index
+    if not batches and not has_work(where, config):  # a few stats: no ingest code, no key index
         typer.echo(NOTHING_TO_INGEST)
         return
     # GX import is slow; keep --help and the empty run fast

@@ -65,9 +65,10 @@ def record_commit(
     return record
 
 
-def mark_push_pending(paths: Paths, config: IngestConfig) -> None:
-    """Before anything changes: the remote will lack the new data until a push succeeds."""
-    if config.dvc_push and dvc_enabled(paths.root) and not paths.push_marker.exists():
+def mark_push_pending(paths: Paths) -> None:
+    """Before anything changes: the remote will lack the new data until a push succeeds — whatever
+    `ingest.dvc_push` says here, so that the first run with pushes on pushes it (`layout.push_owed`)."""
+    if dvc_enabled(paths.root) and not paths.push_marker.exists():
         write_json_atomic(paths.push_marker, {"since": iso(time.time())}, paths.scratch)
 
 
@@ -114,7 +115,7 @@ def commit(
     journal = where.pending / f"{sha}.json"
     try:
         if part:
-            mark_push_pending(where, config)
+            mark_push_pending(where)
         write_json_atomic(journal, entry, where.scratch)
         fault_point("after_journal")
         if quarantine_file is not None:

@@ -204,11 +204,18 @@ def needs_recovery(where: Paths) -> bool:
 NOTHING_TO_INGEST = "nothing to ingest: the inbox is empty and no commit or push is unfinished"
 
 
-def has_work(where: Paths) -> bool:
+def push_owed(where: Paths, config: IngestConfig) -> bool:
+    """Whether a run with these settings would push: the marker says the remote may lack committed data and
+    `ingest.dvc_push` is on. With it off the marker stays (`recovery.complete_push`): the push is owed to the
+    first run that has it on, not forgotten — and not a reason for every nothing-new run to start."""
+    return config.dvc_push and where.push_marker.exists()
+
+
+def has_work(where: Paths, config: IngestConfig) -> bool:
     """Whether an ingest run would find anything to do: a batch in the inbox, an interrupted commit, or a push
     not yet done. A few stats, no data read and no lock taken — a scheduled run checks this before it loads
     the ingest code; a run that starts anyway takes the lock and checks everything again."""
-    return bool(inbox_files(where)) or needs_recovery(where) or where.push_marker.exists()
+    return bool(inbox_files(where)) or needs_recovery(where) or push_owed(where, config)
 
 
 def check_inside_inbox(path: Path, inbox: Path) -> Path:

@@ -22,7 +22,7 @@ from recsys.ingest.commit import finish_commit, mark_push_pending, record_commit
 from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push, store_recorded
 from recsys.ingest.errors import IngestError
 from recsys.ingest.keys import KeyIndex
-from recsys.ingest.layout import Paths, paths
+from recsys.ingest.layout import Paths, paths, push_owed
 from recsys.ingest.manifest import read_manifest, repair_manifest
 from recsys.ingest.report import write_final_report
 from recsys.faults import fault_point
@@ -108,12 +108,12 @@ def _complete(paths: Paths, entry: dict, index: KeyIndex | None) -> dict:
         ) from err
 
 
-def recover_commits(paths: Paths, config: IngestConfig, index: KeyIndex | None = None) -> list[str]:
+def recover_commits(paths: Paths, index: KeyIndex | None = None) -> list[str]:
     """`recover_locked`, then the push marker for what it did: a commit completed by recovery may never have
     been pushed (another run's push may have removed the marker its commit wrote)."""
     actions = recover_locked(paths, index)
     if actions:
-        mark_push_pending(paths, config)
+        mark_push_pending(paths)
     return actions
 
 
@@ -122,7 +122,7 @@ def finish_interrupted(paths: Paths, config: IngestConfig) -> list[str]:
     nothing itself (a bootstrap): its commits (`recover_commits`), then its push (`complete_push`), which so
     includes what recovery completed. Returns what was done. A push that fails is said, not raised: the
     store is whole here and a reader (a retrain) needs no remote; the marker stays for the next run."""
-    actions = recover_commits(paths, config)
+    actions = recover_commits(paths)
     try:
         pushed = complete_push(paths, config, interrupted=True)
     except IngestError as err:
@@ -142,9 +142,9 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
     Raises `IngestError` when the push fails: the data is committed locally, and the marker stays, so
     the next run (or a retry of this one) pushes it.
     """
-    if not paths.push_marker.exists():
-        return None
-    if not (config.dvc_push and dvc_enabled(paths.root)):
+    if not push_owed(paths, config):  # no marker; or pushes are off here, and the marker waits for a run
+        return None                    # that has them on (a staging params file must not forget the push)
+    if not dvc_enabled(paths.root):  # no DVC, no remote to be short of
         paths.push_marker.unlink()
         return None
     version = data_version(paths)

@@ -84,7 +84,7 @@ def ingest_inbox(repo_root: str | Path, config: IngestConfig, params: str | Path
 
 def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: bool) -> IngestRun:
     with workspace_lock(where.root), open_index(where.state) as index:
-        run = IngestRun(actions=recover_commits(where, config, index))
+        run = IngestRun(actions=recover_commits(where, index))
         indexed = index.sync(where.store)
         if indexed:
             log.info("key index: indexed %d part(s): %s", len(indexed), ", ".join(indexed[:3]))

@@ -145,7 +145,7 @@ def test_a_folder_in_the_inbox_is_refused_each_run_not_skipped_as_an_empty_inbox
     params.write_text("ingest:\n  dvc_push: false\n")
     folder = repo / "inbox" / "export.parquet"
     write_frame(folder / "part-0.csv", events(3))
-    assert has_work(ingest_paths(repo, CFG))
+    assert has_work(ingest_paths(repo, CFG), CFG)
     for _ in range(2):
         result = CliRunner().invoke(app, ["--params", str(params)])
         assert result.exit_code == 1 and "nothing to ingest" not in result.output, result.output

@@ -120,6 +120,29 @@ def test_nothing_new_run_finishes_a_pending_push_and_says_so(repo):
     assert quiet.returncode == 0 and quiet.stdout.strip() == NOTHING_TO_INGEST, quiet.stdout
 
 
+
+def test_a_run_with_pushes_off_keeps_the_remote_s_debt_for_the_next_run_with_them_on(repo, tmp_path):
+    """A push killed midway, then runs under a params file with `ingest.dvc_push: false` (staging, say): they
+    ingest without pushing and used to delete the marker, so the remote stayed short of both batches with
+    nothing left to say so. Now the marker stays (no work for a nothing-new run while pushes are off), and
+    the first run with pushes on pushes everything."""
+    crashed = cli(repo, repo / "inbox" / "b.csv", frame=events(5, start=200), fault="before_push")
+    assert crashed.returncode != 0 and not dvc_clean(repo)[0]
+    marker = repo / ".ingest" / "push-pending.json"
+    (repo / "params.yaml").write_text(PARAMS + "  dvc_push: false\n")
+    staged = cli(repo, repo / "inbox" / "c.csv", frame=events(5, start=300))
+    assert staged.returncode == 0, staged.stderr
+    assert "c.csv: ingested 5 rows" in staged.stdout and "pushed" not in staged.stdout, staged.stdout
+    quiet = cli(repo)
+    assert quiet.returncode == 0 and quiet.stdout.strip() == NOTHING_TO_INGEST, quiet.stdout
+    assert marker.is_file() and not dvc_clean(repo)[0]  # the remote still lacks b and c, and it is known
+    (repo / "params.yaml").write_text(PARAMS)
+    again = cli(repo)
+    assert again.returncode == 0, again.stderr
+    assert "completed an interrupted push: data version" in again.stdout, again.stdout
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    assert leftovers(repo) == [] and len(read_store(repo / "data")) == 40
 def test_unreachable_remote_fails_the_run_with_one_line_and_the_next_run_pushes(repo, tmp_path):
     good_remote = run([str(VENV_BIN / "dvc"), "remote", "list"], repo).split()[1]
     blocked = tmp_path / "blocked"

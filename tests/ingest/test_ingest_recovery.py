@@ -68,21 +68,25 @@ def test_prepare_completes_an_interrupted_commit_before_it_reads(tmp_path):
 
 
 def test_has_work_sees_a_batch_a_push_or_a_crash_left_behind(tmp_path):
-    """The stat-only check before a scheduled run loads the ingest code: anything a run would act on counts."""
+    """The stat-only check before a scheduled run loads the ingest code: anything a run would act on
+    counts — a push marker only where `ingest.dvc_push` is on (with it off, no run pushes: the marker
+    waits)."""
     repo = make_repo(tmp_path / "repo")
     where = ingest_paths(repo, CFG)
-    assert not has_work(where)  # an empty inbox in a repository nothing was ever ingested into
+    pushing = config(dvc_push=True)
+    assert not has_work(where, pushing)  # an empty inbox in a repository nothing was ever ingested into
     (repo / "inbox" / ".DS_Store").write_text("")
     (repo / "inbox" / "processed").mkdir()
-    assert not has_work(where)  # hidden files and the filing folders are not batches
+    assert not has_work(where, pushing)  # hidden files and the filing folders are not batches
     for leftover in (repo / "inbox" / "b.csv", where.push_marker, where.pending / "abc.json",
                      where.scratch / ".tmp-part.parquet"):
         leftover.parent.mkdir(parents=True, exist_ok=True)
         leftover.write_text("{}")
-        assert has_work(where), leftover
+        assert has_work(where, pushing), leftover
+        assert has_work(where, CFG) == (leftover != where.push_marker), leftover
         leftover.unlink()
     where.scratch.mkdir(parents=True, exist_ok=True)  # empty, as every finished run leaves it
-    assert not has_work(where) and not needs_recovery(where)
+    assert not has_work(where, pushing) and not needs_recovery(where)
 
 
 @pytest.mark.slow
@@ -92,13 +96,13 @@ def test_a_crash_at_any_commit_step_leaves_work_that_recovery_clears(tmp_path, f
     where = ingest_paths(repo, CFG)
     ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
     (repo / "inbox" / "h.csv").unlink()
-    assert not has_work(where)  # what a nothing-new scheduled run finds: it skips the ingest task
+    assert not has_work(where, CFG)  # what a nothing-new scheduled run finds: it skips the ingest task
     path = write_frame(repo / "inbox" / "b.csv", events(20, start=100))
     crash(repo, path, fault)
     path.unlink()  # even with the batch gone from the inbox, the crash's traces are work
-    assert needs_recovery(where) and has_work(where)
+    assert needs_recovery(where) and has_work(where, CFG)
     ingest.recover(repo, CFG)
-    assert not needs_recovery(where) and not has_work(where)
+    assert not needs_recovery(where) and not has_work(where, CFG)
     completed = fault in ("after_part_write", "after_manifest")  # the part was on disk: recorded, not undone
     assert len(read_store(repo / "data")) == (60 if completed else 40)
     assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == (
