@@ -166,9 +166,9 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
     except (IngestError, OSError) as err:
         raise DataError(f"{path}: cannot be read ({err})") from err
     if mapping:
-        absent = [src for src in mapping.values() if src not in frame.columns]
-        if absent:
-            raise DataError(f"{path}: mapped column(s) {absent} not in {list(frame.columns)}")
+        misfit = schema.mapping_misfit(list(frame.columns), mapping)
+        if misfit:
+            raise DataError(f"{path}: {misfit}")
         frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
     try:
         return canonical(frame)

@@ -37,6 +37,22 @@ def mapping_problem(mapping: dict) -> str | None:
         return f"one source column cannot be two canonical ones: {shared}"
     return None
 
+
+def mapping_misfit(columns: list[str], mapping: dict[str, str]) -> str | None:
+    """What keeps a checked mapping from applying to a file with these columns, or None: a source column
+    the file lacks, or a canonical name the file already has as a column of its own that the mapping does
+    not rename away (`--column user_id=item_id` would leave two user_id columns and no item_id)."""
+    absent = {c: s for c, s in mapping.items() if s not in columns}
+    if absent:
+        return f"column mapping {absent} names column(s) not in the file (columns are {columns})"
+    kept = set(columns) - set(mapping.values())
+    clashes = {c: s for c, s in mapping.items() if c in kept}
+    if clashes:
+        names = ", ".join(sorted(clashes))
+        return (f"column mapping {clashes} renames a column to {names}, which the file already has as a "
+                f"column of its own (columns are {columns}): map that column too, or name another source")
+    return None
+
 # Raw ids are strings so that any source (numeric MovieLens ids, UUIDs, SKUs) maps losslessly; `prepare`
 # remaps them to dense integers with 0 reserved for padding.
 ARROW_SCHEMA = pa.schema(

@@ -631,6 +631,36 @@ def test_data_import_refuses_one_source_column_read_as_two(monkeypatch, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("options, says", [
+    (["user_id=item_id"], ("column mapping {'user_id': 'item_id'} renames a column to user_id, which the "
+                           "file already has as a column of its own (columns are ['user_id', 'item_id', "
+                           "'timestamp']): map that column too, or name another source")),
+    (["user_id=uid"], ("column mapping {'user_id': 'uid'} names column(s) not in the file (columns are "
+                       "['user_id', 'item_id', 'timestamp'])")),
+])
+def test_data_import_says_when_the_mapping_does_not_fit_the_file(monkeypatch, capsys, tmp_path, options,
+                                                                 says):
+    """`--column user_id=item_id` on a file that has its own user_id said "missing required column(s)
+    ['item_id']", not that the mapping had shadowed a column; ingest's column_mapping says the same."""
+    table = tmp_path / "t.csv"
+    table.write_text("user_id,item_id,timestamp\na,b,1000000000\n")
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table), "--out",
+                           str(tmp_path / "out"), *[a for option in options for a in ("--column", option)])
+    assert code == 1
+    assert_one_line_error(err, f"error: {table}: {says}")
+    assert not (tmp_path / "out").exists()
+    import pandas as pd
+
+    from recsys.config import IngestConfig
+    from recsys.ingest.errors import BatchRejected
+    from recsys.ingest.read import map_columns
+
+    mapping = dict(option.split("=") for option in options)
+    with pytest.raises(BatchRejected) as rejected:
+        map_columns(pd.read_csv(table, dtype=str), IngestConfig(column_mapping=mapping), "t.csv")
+    assert str(rejected.value) == f"t.csv: {says}"
+
+
 def test_the_demo_script_takes_no_arguments(tmp_path):
     """`bash scripts/demo.sh --help` ran the whole demo (setup, training every model)."""
     from pathlib import Path

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from recsys.config import IngestConfig
 from recsys.ingest.canonical import CANONICAL
 from recsys.ingest.errors import BatchRejected
-from recsys.schema import OPTIONAL_COLUMNS, RATING
+from recsys.schema import OPTIONAL_COLUMNS, RATING, mapping_misfit
 
 READERS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -141,14 +141,11 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 def map_columns(frame: pd.DataFrame, config: IngestConfig, source: str) -> pd.DataFrame:
     mapping = dict(config.column_mapping or {})  # checked when params.yaml was read (IngestConfig)
-    missing_sources = {c: s for c, s in mapping.items() if s not in frame.columns}
-    if missing_sources:
-        raise BatchRejected(
-            f"{source}: column mapping {missing_sources} names column(s) not in the file "
-            f"(columns are {list(frame.columns)})"
-        )
+    misfit = mapping_misfit(list(frame.columns), mapping)
+    if misfit:
+        raise BatchRejected(f"{source}: {misfit}")
     renamed = frame.rename(columns={s: c for c, s in mapping.items()})
-    if len(set(renamed.columns)) != len(renamed.columns):
+    if len(set(renamed.columns)) != len(renamed.columns):  # a file with a repeated column name
         raise BatchRejected(f"{source}: after the column mapping, columns clash: {list(renamed.columns)}")
     if config.extra_columns == "drop":
         renamed = renamed[[c for c in renamed.columns if c in CANONICAL]]
