@@ -16,7 +16,9 @@ the same command run again after a kill resumes each unfinished run from its las
 CPU seconds carry over), so a multi-hour CPU run survives an interrupted session; a run `--max-minutes`
 stopped keeps its state there too, and the same command with a larger `--max-minutes` (or 0) trains it on
 from its last epoch, ending where one uninterrupted run under that budget would (runs that had finished are
-reused).
+reused). Likewise a run that differs from one early stopping ended in this work dir only in its patience or
+epoch floor (`bert4rec@...,patience=80` after `...,patience=40`, same seed) starts from that run's kept final
+state and trains only the extra epochs, ending as one uninterrupted run would (recsys.train.STOPPING_FIELDS).
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -252,8 +254,13 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     load_before = os.getloadavg()[0]
     # The finished run's state is kept until its row is written (main): a kill while the test split is scored
     # then costs the scoring, not the training.
+    # A run that differs from a finished one in early stopping's settings only (a larger patience or epoch
+    # floor) starts from that run's kept final state: only its extra epochs are trained.
+    root = resume_root(work, run, train_config.seed)
+    others = [(path, work / path.name) for path in sorted((work / "resume").glob("*"))  # (state, checkpoint)
+              if path.is_dir() and path != root]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
-                         resume_root=resume_root(work, run, train_config.seed), keep_final_state=True)
+                         resume_root=root, keep_final_state=True, adopt_from=others)
     resolved = resolve_device(device)
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolved))
     return {
@@ -495,8 +502,9 @@ def main() -> None:
                 finished.with_suffix(".tmp").write_text(json.dumps(row))
                 finished.with_suffix(".tmp").replace(finished)
             # The kept final state goes once the row is on disk (also after a kill between the two writes) —
-            # unless the clock stopped the run: it stays for the same command with a larger --max-minutes.
-            if row["stopped_by"] != "time_limit":
+            # unless the clock or early stopping ended the run: it stays for the same command with a larger
+            # --max-minutes, and for a run with a larger patience or epoch floor (run_one), a few MB each.
+            if row["stopped_by"] not in ("time_limit", "early_stopping"):
                 prune_resume_state(resume_root(work, run, row_seed(row)), [row["model"]])
             merge([row], Path(args.results))
             logging.info("%s %s seed=%d test_ndcg@10=%.4f test_hr@10=%.4f best_epoch=%d time_to_best=%.0fs "

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+CHECKPOINT_FILES = ("model.safetensors", "model.json", "items.json", "users.json")  # the layout above
 
 
 class CheckpointError(ValueError):
@@ -68,6 +69,26 @@ def save_checkpoint(
         (tmp / "model.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         (tmp / "items.json").write_text(json.dumps([None, *map(str, item_ids)]))
         (tmp / "users.json").write_text(json.dumps([None, *map(str, user_ids)]))
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def copy_checkpoint(source: str | Path, out_dir: str | Path, **meta: Any) -> Path:
+    """Put a copy of checkpoint `source` in place of `out_dir` (a temp copy, then renames, as a save), with
+    `meta` replacing those keys of its model.json (a run that adopts another's training records its own
+    `train_config`)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        for name in CHECKPOINT_FILES:
+            shutil.copy2(Path(source) / name, tmp / name)
+        recorded = json.loads((tmp / "model.json").read_text())
+        (tmp / "model.json").write_text(json.dumps({**recorded, **meta}, indent=2, sort_keys=True) + "\n")
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

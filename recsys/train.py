@@ -19,6 +19,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsys.checkpoint import save_checkpoint
+from recsys.checkpoint import copy_checkpoint, save_checkpoint
 from recsys.config import ConfigError
 from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
@@ -75,11 +76,16 @@ class TrainResult:
 # Train settings that bound or display a run without changing what it computes epoch by epoch: they are not
 # part of its resume key, so a run stopped or killed under one time budget goes on under another.
 BUDGET_FIELDS = ("max_minutes", "progress")
+# Early stopping's settings only decide where the same epochs end: a state saved under a smaller patience or
+# epoch floor is the start of this run's (`early_stop_epoch` checks it from the state's curve), so a run
+# early stopping ended goes on under a larger patience from its kept final state instead of from epoch 1.
+STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
 
 
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
             init: dict | None = None) -> str:
-    train = {k: v for k, v in dataclasses.asdict(train_config).items() if k not in BUDGET_FIELDS}
+    train = {k: v for k, v in dataclasses.asdict(train_config).items()
+             if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
     key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
            "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run
@@ -154,6 +160,7 @@ def train_model(
     warm_dir: str | Path | None = None,
     on_epoch=None,
     keep_final_state: bool = False,
+    adopt_from: Sequence[tuple[Path, Path]] = (),
 ) -> TrainResult:
     """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
 
@@ -163,7 +170,10 @@ def train_model(
     caller with more to do after training (a benchmark scoring the test split) can be killed and rerun without
     training again: the rerun returns the same result at once — unless `train.max_minutes` stopped the run
     and now allows more (raised, or 0): then it trains on from its last epoch. That caller clears the state
-    (`prune_resume_state`)."""
+    (`prune_resume_state`). `adopt_from`: (resume root, checkpoint folder) of other runs, whose kept final
+    state of this run key (the same run but for early stopping's settings, `STOPPING_FIELDS`) this run may
+    start from, with that run's best checkpoint, when it has no state of its own — one whose epochs are this
+    run's first ones, so a larger patience trains only its extra epochs."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
@@ -229,7 +239,20 @@ def train_model(
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
-    restored = resume.load(model, optimizer, generator, device, average)
+    floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
+    if adopt_from:
+        if world.is_main:
+            _adopt(resume, dict(adopt_from), cfg, floor, out_dir, model_name)
+        world.barrier()  # every rank reads the state rank 0 may have copied in
+    saved = resume.peek()
+    stop_at = early_stop_epoch(saved["curve"], cfg.patience, floor) if saved else None
+    if saved and stop_at is not None and stop_at < saved["epoch"]:
+        # Saved under a larger patience or floor, it trained on past where this run stops: not this run's.
+        log.info("model=%s: the saved state (epoch %d) went past epoch %d, where patience=%d, min_epochs=%d "
+                 "stop this run; training from the start", model_name, saved["epoch"], stop_at, cfg.patience,
+                 floor)
+        saved = None
+    restored = resume.load(model, optimizer, generator, device, average) if saved else None
     if restored:
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
@@ -239,19 +262,25 @@ def train_model(
             del state["stopped_by"]
             log.info("model=%s was stopped by train.max_minutes after %.0f s; going on under max_minutes=%g",
                      model_name, state["seconds"], cfg.max_minutes)
+        elif state.get("stopped_by") == "early_stopping" and stop_at is None:
+            del state["stopped_by"]  # a kept final state, and a larger patience or floor: train on, as above
+            log.info("model=%s was stopped early at epoch %d; going on under patience=%d, min_epochs=%d",
+                     model_name, state["epoch"], cfg.patience, floor)
     loss_fn = world.loss_fn(model, device)
-    floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     positions = model.loss_positions(tensors.lengths) if fixed is not None else None  # their bound
     curve_rows = state["curve"]
-    stopped_by = state.get("stopped_by", "max_epochs")  # set: a kept final state, nothing left to train
+    # set: a kept final state, nothing left to train; or a state saved at the epoch where early stopping ends
+    # this run (killed before it stopped, or saved under a larger patience): no epoch more
+    stop_now = "stopped_by" not in state and stop_at is not None and stop_at == state["epoch"]
+    stopped_by = state.get("stopped_by", "early_stopping" if stop_now else "max_epochs")
     if fixed is not None and not fixed.graphed:
         log.info("model=%s train.cuda_graph on %s: the fixed-shape step runs eagerly (a graph needs CUDA)",
                  model_name, device.type)
     time_offset = state["seconds"] - (time.perf_counter() - started)
     cpu_offset = state["cpu_seconds"] - (time.process_time() - cpu_started)
 
-    while "stopped_by" not in state and state["epoch"] < cfg.epochs:
+    while "stopped_by" not in state and not stop_now and state["epoch"] < cfg.epochs:
         # Checked before an epoch starts, so a run resumed under a budget it has already spent stops where it
         # is, and one whose last epoch ends past the limit is stopped by max_epochs.
         if not within_budget(cfg, state["seconds"]):
@@ -383,6 +412,44 @@ def fixed_shape_step(model, model_name: str, cfg: TrainConfig, optimizer, tensor
         raise ConfigError(f"{model_name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false "
                           f"for {model_name} (params.yaml, the model's train: section)")
     return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
+
+
+def _adopt(resume: Resume, checkpoints: dict[Path, Path], cfg: TrainConfig, floor: int, out_dir: Path,
+           model_name: str) -> None:
+    """`train_model`'s `adopt_from`: another run's kept final state of this run key, with its best checkpoint,
+    when its epochs are this run's first ones (`early_stop_epoch`) and that checkpoint is its best epoch's."""
+    checkpoints = {Path(root): Path(folder) for root, folder in checkpoints.items()}
+
+    def beginning(other: dict, root: Path) -> bool:
+        return ((early_stop_epoch(other["curve"], cfg.patience, floor) or math.inf) >= other["epoch"]
+                and _checkpoint_epoch(checkpoints[root]) == other["best_epoch"])
+
+    adopted = resume.adopt(checkpoints, beginning)
+    if adopted is not None:
+        copy_checkpoint(checkpoints[adopted], out_dir, train_config=dataclasses.asdict(cfg))
+        log.info("model=%s starts from the kept final state and best checkpoint of %s (the same run under "
+                 "other early-stopping settings)", model_name, checkpoints[adopted])
+
+
+def _checkpoint_epoch(folder: Path) -> int | None:
+    """The best epoch a checkpoint folder records, or None where there is no readable one."""
+    try:
+        return json.loads((folder / "model.json").read_text()).get("best_epoch")
+    except (OSError, ValueError):
+        return None
+
+
+def early_stop_epoch(curve: list[dict], patience: int, floor: int) -> int | None:
+    """The epoch at which early stopping (`patience` epochs without a better validation score, at or after
+    epoch `floor`) ends a run with this validation curve, or None if it does not within the curve — the
+    training loop's own rule, replayed on a saved state's curve."""
+    best, bad = -math.inf, 0
+    for row in curve:
+        score = row[f"valid_{SELECTION_METRIC}"]
+        best, bad = (score, 0) if score > best else (best, bad + 1)
+        if bad >= patience and row["epoch"] >= floor:
+            return int(row["epoch"])
+    return None
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:

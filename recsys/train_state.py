@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -60,7 +61,7 @@ class Resume:
     restored it from its cache)."""
 
     def __init__(self, root: Path, model_name: str, key: str):
-        self.root, self.model_name = root, model_name
+        self.root, self.model_name, self.key = root, model_name, key
         self.dir = resume_dir(root, model_name, key)
 
     def save(self, model, optimizer, generator: torch.Generator, state: dict,
@@ -96,9 +97,42 @@ class Resume:
     def _old(self) -> Path:
         return self.dir.with_name(self.dir.name + ".old")
 
+    def _source(self) -> Path | None:
+        return next((d for d in (self.dir, self._old()) if _whole(d)), None)
+
+    def peek(self) -> dict | None:
+        """The saved state's JSON part (epoch, curve, …) without loading its tensors, or None."""
+        source = self._source()
+        return json.loads((source / "state.json").read_text()) if source is not None else None
+
+    def adopt(self, roots: Iterable[Path], accept: Callable[[dict, Path], bool]) -> Path | None:
+        """Copy in, as this run's state, the kept final state (marked `stopped_by`) of this same run key under
+        another root that `accept(state, root)` takes — the one with the most epochs; returns that root, or
+        None (none there, or this run has a state of its own). A copy, by a rename of a whole `.tmp` folder:
+        the other root's state stays as it was."""
+        if self._source() is not None:
+            return None
+        found = []
+        for root in roots:
+            other = resume_dir(root, self.model_name, self.key)
+            if other.resolve() == self.dir.resolve() or not _whole(other):
+                continue
+            state = json.loads((other / "state.json").read_text())
+            if "stopped_by" in state and accept(state, Path(root)):
+                found.append((int(state["epoch"]), str(root)))
+        if not found:
+            return None
+        root = Path(max(found)[1])
+        tmp = self.dir.with_name(self.dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(resume_dir(root, self.model_name, self.key), tmp)
+        tmp.rename(self.dir)
+        return root
+
     def load(self, model, optimizer, generator: torch.Generator, device,
              average: WeightAverage | None = None) -> dict | None:
-        source = next((d for d in (self.dir, self._old()) if _whole(d)), None)
+        source = self._source()
         if source is None:
             return None
         tensors = load_file(str(source / "state.safetensors"))

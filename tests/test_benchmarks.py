@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -574,6 +575,48 @@ def test_the_same_command_with_more_minutes_trains_time_limited_runs_on_and_reus
     assert bench("0")["sasrec"] == second["sasrec"]  # and the same command again reuses it
     # rows merged into another file (a GPU session's) leave the tables built from models.json alone
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == tables
+
+
+def test_a_run_with_a_larger_patience_trains_on_from_the_one_early_stopping_ended(
+        tiny_prepared, write_params, tmp_path, monkeypatch, caplog):
+    """`...,patience=3` after `...,patience=1` in the same work dir: the second starts from the first's kept
+    final state (early stopping ended it at epoch 2) and trains epochs 3–4 only; its row says 4 epochs, as a
+    straight patience-3 run would."""
+    import bench_models
+
+    import recsys.train
+
+    monkeypatch.setattr(bench_models, "prepare_dataset", lambda dataset, root, params: tiny_prepared)
+    # a flat validation curve: epoch 1 stays the best, so patience p stops at epoch p + 1
+    flat = {"ndcg@10": 0.5, "hr@10": 0.5, "mrr": 0.5}
+    monkeypatch.setattr(recsys.train, "validate", lambda model, inputs: flat)
+    params, work, results = write_params(), tmp_path / "work", tmp_path / "models.json"
+
+    def bench(run: str) -> dict:
+        monkeypatch.setattr(sys, "argv", ["bench_models.py", "--dataset", "ml-100k", "--params", str(params),
+                                          "--device", "cpu", "--work-dir", str(work), "--results",
+                                          str(results), "--max-minutes", "0", "--runs", run])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="recsys.train"):
+            bench_models.main()
+        return next(row for row in json.loads(results.read_text()) if row["run"] == run)
+
+    settings = "sasrec@epochs=10,min_epochs=0"
+    short = bench(f"{settings},patience=1")
+    assert (short["epochs_run"], short["stopped_by"]) == (2, "early_stopping")
+    kept = work / "resume" / f"{bench_models.run_dir_name(f'{settings},patience=1', short['seed'])}"
+    assert any(kept.iterdir())  # early stopping ended it: its state stays for a larger patience
+    longer = bench(f"{settings},patience=3")
+    trained = [r.getMessage().split()[0] for r in caplog.records if r.getMessage().startswith("epoch=")]
+    assert trained == ["epoch=3", "epoch=4"], trained
+    assert "starts from the kept final state and best checkpoint of" in caplog.text
+    assert (longer["epochs_run"], longer["stopped_by"], longer["best_epoch"]) == (4, "early_stopping", 1)
+    # the best checkpoint (epoch 1, the shorter run's) came with the state, recording this run's settings
+    checkpoint = work / bench_models.run_dir_name(f"{settings},patience=3", longer["seed"]) / "model.json"
+    assert json.loads(checkpoint.read_text())["train_config"]["patience"] == 3
+    assert longer["test_ndcg@10"] == short["test_ndcg@10"]
+    assert [c["epoch"] for c in longer["curve"]] == [1.0, 2.0, 3.0, 4.0]
+    assert any(kept.iterdir())  # a copy was taken: the shorter run's state is still there
 
 
 def test_the_gpu_session_script_trains_todays_defaults():

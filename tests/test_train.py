@@ -275,6 +275,128 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
         torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
 
 
+class ScriptedValidation:
+    """`recsys.train.validate` replaced by a fixed validation curve, NDCG@10 of epoch e = SCRIPT[e - 1]
+    (training itself is real); `epoch` is where the next run starts (set it to a resumed run's epoch)."""
+
+    # patience 2 stops at epoch 4 (best 2), patience 3 at 5 (best 2), patience 4 at 10 (best 6)
+    SCRIPT = (0.1, 0.3, 0.2, 0.25, 0.28, 0.4, 0.35, 0.3, 0.2, 0.1, 0.1, 0.1)
+
+    def __init__(self, monkeypatch):
+        import recsys.train as train_module
+
+        self.epoch = 0
+        monkeypatch.setattr(train_module, "validate", self)
+
+    def __call__(self, model, inputs):
+        value = self.SCRIPT[self.epoch]
+        self.epoch += 1
+        return {"ndcg@10": value, "hr@10": value, "mrr": value}
+
+
+def test_early_stop_epoch_replays_the_loop_s_rule():
+    from recsys.train import early_stop_epoch
+
+    curve = [{"epoch": e, "valid_ndcg@10": v} for e, v in enumerate(ScriptedValidation.SCRIPT, start=1)]
+    assert [early_stop_epoch(curve, p, 0) for p in (1, 2, 3, 4, 20)] == [3, 4, 5, 10, None]
+    assert early_stop_epoch(curve, 2, 7) == 8 and early_stop_epoch(curve[:3], 2, 0) is None
+
+
+def test_a_run_early_stopping_ended_goes_on_under_a_larger_patience(tiny_prepared, tiny_sasrec_config,
+                                                                    fast_train_config, tmp_path, monkeypatch,
+                                                                    caplog):
+    """Patience and the epoch floor are not part of the resume key: a kept final state that patience 2
+    stopped at epoch 4 trains on under patience 4 from its last epoch and ends where a straight patience-4
+    run ends, weights and curve alike — a longer patience costs its extra epochs, not a new run."""
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=12, patience=4)
+    straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+    assert (straight.best_epoch, straight.epochs_run, straight.stopped_by) == (6, 10, "early_stopping")
+    script.epoch, short = 0, Interrupt()
+    ext = tmp_path / "ext"
+    first = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=2), ext, on_epoch=short,
+                keep_final_state=True)
+    assert (short.seen, first.best_epoch, first.stopped_by) == ([1, 2, 3, 4], 2, "early_stopping")
+    script.epoch, more = 4, Interrupt()
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        extended = run(tiny_prepared, tiny_sasrec_config, cfg, ext, on_epoch=more, keep_final_state=True)
+    assert more.seen == [5, 6, 7, 8, 9, 10]
+    assert "was stopped early at epoch 4; going on under patience=4" in caplog.text
+    assert (extended.best_epoch, extended.epochs_run, extended.stopped_by) == (6, 10, "early_stopping")
+    curve, expected = read_curve(ext / "curve.csv"), read_curve(tmp_path / "straight" / "curve.csv")
+    assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-9)
+    got, want = weights(ext / "model"), weights(tmp_path / "straight" / "model")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+
+
+def test_another_runs_kept_state_is_adopted_only_with_its_best_checkpoint_and_as_a_beginning(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, monkeypatch):
+    """`adopt_from` (the benchmarks' patience sweeps): a larger patience starts from the other run's kept
+    final state and best checkpoint and ends as a straight run; without that checkpoint, or from a state a
+    larger patience carried past this run's stop, it trains from epoch 1 (and the other run's state stays)."""
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=12, patience=3)
+    straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+    script.epoch = 0
+    run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=2), tmp_path / "p2",
+        keep_final_state=True)
+    kept = sorted((tmp_path / "p2" / "resume").iterdir())
+    for folder, root, first_epoch in (("model", "p2", 5), ("absent", "p2", 1)):
+        script.epoch, seen = first_epoch - 1, Interrupt()
+        out = tmp_path / f"from-{folder}"
+        result = run(tiny_prepared, tiny_sasrec_config, cfg, out, on_epoch=seen,
+                     adopt_from=[(tmp_path / root / "resume", tmp_path / root / folder)])
+        assert seen.seen == list(range(first_epoch, 6)), folder
+        assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run) == (2, 5)
+        got, want = weights(out / "model"), weights(tmp_path / "straight" / "model")
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert sorted((tmp_path / "p2" / "resume").iterdir()) == kept
+    script.epoch, seen = 0, Interrupt()
+    run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=1), tmp_path / "p1",
+        on_epoch=seen, adopt_from=[(tmp_path / "p2" / "resume", tmp_path / "p2" / "model")])
+    assert seen.seen == [1, 2, 3]  # patience 1 stops at epoch 3, before the kept state's epoch 4
+
+
+def test_a_state_saved_at_the_stopping_epoch_resumes_without_another_epoch(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, monkeypatch):
+    """Killed after its stopping epoch's state was saved (before the loop's stop), a run resumed and trained
+    one epoch more than an uninterrupted run — and could have found another best there."""
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=12, patience=2)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=4))
+    script.epoch, again = 4, Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=again)
+    assert again.seen == []
+    assert (result.best_epoch, result.epochs_run, result.stopped_by) == (2, 4, "early_stopping")
+    assert not any((tmp_path / "resume").iterdir())
+
+
+def test_a_state_saved_past_where_this_run_stops_is_not_resumed(tiny_prepared, tiny_sasrec_config,
+                                                                fast_train_config, tmp_path, monkeypatch,
+                                                                caplog):
+    """A state a larger patience carried past this run's stopping epoch is not this run's beginning (a best
+    found after that epoch would be taken): the run trains from the start and ends as a straight one."""
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=12, patience=2)
+    straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+    script.epoch = 0
+    run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=4), tmp_path / "p",
+        keep_final_state=True)
+    script.epoch, seen = 0, Interrupt()
+    with caplog.at_level(logging.INFO, logger="recsys.train"):
+        result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "p", on_epoch=seen)
+    assert seen.seen == [1, 2, 3, 4]
+    said = "the saved state (epoch 10) went past epoch 4, where patience=2, min_epochs=0 stop this run"
+    assert said in caplog.text
+    assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run) == (2, 4)
+    got, want = weights(tmp_path / "p" / "model"), weights(tmp_path / "straight" / "model")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+
+
 def test_a_killed_run_resumes_under_another_time_budget(tiny_prepared, tiny_sasrec_config, fast_train_config,
                                                          tmp_path, caplog):
     """Neither `max_minutes` nor `progress` is part of the resume key."""
