@@ -18,7 +18,8 @@ stopped keeps its state there too, and the same command with a larger `--max-min
 from its last epoch, ending where one uninterrupted run under that budget would (runs that had finished are
 reused). Likewise a run that differs from one early stopping ended in this work dir only in its patience or
 epoch floor (`bert4rec@...,patience=80` after `...,patience=40`, same seed) starts from that run's kept final
-state and trains only the extra epochs, ending as one uninterrupted run would (recsys.train.STOPPING_FIELDS).
+state and trains only the extra epochs, ending as one uninterrupted run would
+(recsys.train_state.STOPPING_FIELDS).
 Results are merged into benchmarks/results/models.json (one row per dataset, run and seed) and the tables in
 benchmarks/RESULTS.md are rebuilt: every row, and each run's mean ± sd over its seeds.
 """
@@ -257,8 +258,7 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     # A run that differs from a finished one in early stopping's settings only (a larger patience or epoch
     # floor) starts from that run's kept final state: only its extra epochs are trained.
     root = resume_root(work, run, train_config.seed)
-    others = [(path, work / path.name) for path in sorted((work / "resume").glob("*"))  # (state, checkpoint)
-              if path.is_dir() and path != root]
+    others = [path for path in sorted((work / "resume").glob("*")) if path.is_dir() and path != root]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
                          resume_root=root, keep_final_state=True, adopt_from=others)
     resolved = resolve_device(device)

@@ -147,6 +147,8 @@ BERT4REC_EMA_WARMUP_GRAPHED = f"{BERT4REC_EMA_GRAPHED},ema_warmup=true"
 # stopped it (20-epoch means, ema 0.999: seed 44 0.1818 at epoch 340, 0.1828 at 380, best 0.1839 at 373; ema
 # 0.9995 seed 43 0.1730 → 0.1776 → 0.1786 at epochs 420 / 460 / 500): twice the patience.
 BERT4REC_EMA_WARMUP_P80_GRAPHED = BERT4REC_EMA_WARMUP_GRAPHED.replace("patience=40", "patience=80")
+# Session 37 (no GPU lent): the same on the CPU, eagerly, at 0627de3 as the CPU claim rows (torch's masks).
+BERT4REC_P80 = BERT4REC_DEFAULT_RUN.replace("patience=40", "patience=80")
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -223,6 +225,11 @@ ABLATION = (
     (_budget(BERT4REC_LIS01, 300, 0.003), BERT4REC_LIS01,
      "BERT4Rec: a budget of 300 epochs, lr 3e-3 after a 100-step warm-up, cosine down to 0 "
      "(Bernoulli masking)"),
+    # Session 37: params.yaml's BERT4Rec since session 32 (CPU rows: sessions 32–35), then twice the patience
+    (BERT4REC_DEFAULT_RUN, BERT4REC_LIS01,
+     "BERT4Rec: validate, keep and test the weights' moving average (decay 0.999, with its warm-up)"),
+    (BERT4REC_P80, BERT4REC_DEFAULT_RUN,
+     "BERT4Rec: patience 80 (from 40): the average's validation still rose slowly when 40 stopped it"),
 )
 
 
@@ -327,6 +334,7 @@ CLAIMS = (
     # against the current defaults (dim 128, lr 2e-3; SASREC_D64 where a dataset has no run of them yet)
     (MOJITO_DEFAULT_RUN, SASREC_DEFAULT_RUN, 1.00, 3.0),
     (BERT4REC_DEFAULT_RUN, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_P80, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),  # sessions 10–28's defaults (lr 1e-3)
     (BERT4REC_LIS01, SASREC_DEFAULT_RUN, 0.90, 3.0),  # sessions 13–23's defaults (Bernoulli masking)
     (MOJITO_WIDE, SASREC_DEFAULT_RUN, 1.00, 3.0),

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import sys
@@ -27,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsys.checkpoint import copy_checkpoint, save_checkpoint
+from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError
 from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
@@ -41,12 +39,13 @@ from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.step_graph import FixedShapeStep, current_rate, set_rate
-from recsys.train_state import Resume, WeightAverage
+from recsys.train_state import Resume, WeightAverage, early_stop_epoch, run_key
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
 
 SELECTION_METRIC = "ndcg@10"
+VALID_COLUMN = f"valid_{SELECTION_METRIC}"  # the curve's column early stopping reads
 
 
 class TrainingError(RuntimeError):
@@ -71,27 +70,6 @@ class TrainResult:
     # machine, where wall seconds are not — benchmarks compare runs with these.
     cpu_seconds: float = 0.0
     cpu_seconds_to_best: float = 0.0
-
-
-# Train settings that bound or display a run without changing what it computes epoch by epoch: they are not
-# part of its resume key, so a run stopped or killed under one time budget goes on under another.
-BUDGET_FIELDS = ("max_minutes", "progress")
-# Early stopping's settings only decide where the same epochs end: a state saved under a smaller patience or
-# epoch floor is the start of this run's (`early_stop_epoch` checks it from the state's curve), so a run
-# early stopping ended goes on under a larger patience from its kept final state instead of from epoch 1.
-STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
-
-
-def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
-            init: dict | None = None) -> str:
-    train = {k: v for k, v in dataclasses.asdict(train_config).items()
-             if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
-    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
-           "data": fingerprint}
-    if init is not None:  # a warm start from another champion is another run
-        key["init"] = init
-    blob = json.dumps(key, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
 def _progress(enabled: str, total: int, desc: str):
@@ -160,7 +138,7 @@ def train_model(
     warm_dir: str | Path | None = None,
     on_epoch=None,
     keep_final_state: bool = False,
-    adopt_from: Sequence[tuple[Path, Path]] = (),
+    adopt_from: Sequence[Path] = (),
 ) -> TrainResult:
     """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
 
@@ -170,10 +148,10 @@ def train_model(
     caller with more to do after training (a benchmark scoring the test split) can be killed and rerun without
     training again: the rerun returns the same result at once — unless `train.max_minutes` stopped the run
     and now allows more (raised, or 0): then it trains on from its last epoch. That caller clears the state
-    (`prune_resume_state`). `adopt_from`: (resume root, checkpoint folder) of other runs, whose kept final
-    state of this run key (the same run but for early stopping's settings, `STOPPING_FIELDS`) this run may
-    start from, with that run's best checkpoint, when it has no state of its own — one whose epochs are this
-    run's first ones, so a larger patience trains only its extra epochs."""
+    (`prune_resume_state`). `adopt_from`: other runs' resume roots, whose kept final state of this run key
+    (the same run but for early stopping's settings, `recsys.train_state.STOPPING_FIELDS`) this run may start
+    from, with the best checkpoint the state keeps, when it has no state of its own — one whose epochs are
+    this run's first ones, so a larger patience trains only its extra epochs."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
@@ -241,11 +219,12 @@ def train_model(
              "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
     floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
     if adopt_from:
-        if world.is_main:
-            _adopt(resume, dict(adopt_from), cfg, floor, out_dir, model_name)
+        if world.is_main and (adopted := resume.adopt(adopt_from, cfg.patience, floor, VALID_COLUMN)):
+            log.info("model=%s starts from the kept final state in %s (the same run under other "
+                     "early-stopping settings)", model_name, adopted)
         world.barrier()  # every rank reads the state rank 0 may have copied in
     saved = resume.peek()
-    stop_at = early_stop_epoch(saved["curve"], cfg.patience, floor) if saved else None
+    stop_at = early_stop_epoch(saved["curve"], cfg.patience, floor, VALID_COLUMN) if saved else None
     if saved and stop_at is not None and stop_at < saved["epoch"]:
         # Saved under a larger patience or floor, it trained on past where this run stops: not this run's.
         log.info("model=%s: the saved state (epoch %d) went past epoch %d, where patience=%d, min_epochs=%d "
@@ -256,6 +235,9 @@ def train_model(
     if restored:
         state.update(restored)
         log.info("resumed model=%s from epoch=%d (best epoch %d)", model_name, state["epoch"], state["best_epoch"])
+        if world.is_main and resume.restore_best(out_dir, state["best_epoch"], dataclasses.asdict(cfg)):
+            log.info("model=%s: put back the best checkpoint (epoch %d) from the saved state", model_name,
+                     state["best_epoch"])
         if state.get("stopped_by") == "time_limit" and within_budget(cfg, state["seconds"]):
             # A kept final state of a run the clock stopped, now given more time: train on from its last epoch
             # (the kept state is that epoch's weights, optimiser and generator, not the best checkpoint's).
@@ -270,10 +252,14 @@ def train_model(
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     positions = model.loss_positions(tensors.lengths) if fixed is not None else None  # their bound
     curve_rows = state["curve"]
-    # set: a kept final state, nothing left to train; or a state saved at the epoch where early stopping ends
-    # this run (killed before it stopped, or saved under a larger patience): no epoch more
-    stop_now = "stopped_by" not in state and stop_at is not None and stop_at == state["epoch"]
-    stopped_by = state.get("stopped_by", "early_stopping" if stop_now else "max_epochs")
+    # A state saved at the epoch where early stopping ends this run (killed before it stopped, or saved under
+    # a larger patience, or stopped there by the clock or the epoch cap): no epoch more, and early stopping
+    # says why, as in one uninterrupted run (whose check after an epoch comes before those). Else a kept
+    # final state's own reason, nothing left to train.
+    stop_now = stop_at is not None and stop_at == state["epoch"]
+    if stop_now and state.get("stopped_by", "early_stopping") != "early_stopping":
+        del state["stopped_by"]  # (so a kept final state is saved again, with the reason this run gives)
+    stopped_by = "early_stopping" if stop_now else state.get("stopped_by", "max_epochs")
     if fixed is not None and not fixed.graphed:
         log.info("model=%s train.cuda_graph on %s: the fixed-shape step runs eagerly (a graph needs CUDA)",
                  model_name, device.type)
@@ -363,7 +349,7 @@ def train_model(
         state.update(epoch=epoch, seconds=now, cpu_seconds=cpu_now, curve=curve_rows)
         _write_curve(curve_path, curve_rows)
         if world.is_main:
-            resume.save(model, optimizer, generator, state, average)
+            resume.save(model, optimizer, generator, state, average, best=out_dir)
         # An epoch ends on every rank once rank 0's state is on disk: a rank that stops here (a caller's
         # on_epoch) and trains again must not read the state before it is written (ranks that resumed from
         # different epochs would wait on each other's collectives forever). One barrier an epoch; none alone.
@@ -378,7 +364,8 @@ def train_model(
     cpu_seconds = time.process_time() - cpu_started + cpu_offset
     if world.is_main and keep_final_state and "stopped_by" not in state:
         resume.save(model, optimizer, generator,
-                    {**state, "stopped_by": stopped_by, "seconds": seconds, "cpu_seconds": cpu_seconds}, average)
+                    {**state, "stopped_by": stopped_by, "seconds": seconds, "cpu_seconds": cpu_seconds},
+                    average, best=out_dir)
     elif world.is_main and not keep_final_state:
         resume.clear()
     return TrainResult(
@@ -412,44 +399,6 @@ def fixed_shape_step(model, model_name: str, cfg: TrainConfig, optimizer, tensor
         raise ConfigError(f"{model_name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false "
                           f"for {model_name} (params.yaml, the model's train: section)")
     return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
-
-
-def _adopt(resume: Resume, checkpoints: dict[Path, Path], cfg: TrainConfig, floor: int, out_dir: Path,
-           model_name: str) -> None:
-    """`train_model`'s `adopt_from`: another run's kept final state of this run key, with its best checkpoint,
-    when its epochs are this run's first ones (`early_stop_epoch`) and that checkpoint is its best epoch's."""
-    checkpoints = {Path(root): Path(folder) for root, folder in checkpoints.items()}
-
-    def beginning(other: dict, root: Path) -> bool:
-        return ((early_stop_epoch(other["curve"], cfg.patience, floor) or math.inf) >= other["epoch"]
-                and _checkpoint_epoch(checkpoints[root]) == other["best_epoch"])
-
-    adopted = resume.adopt(checkpoints, beginning)
-    if adopted is not None:
-        copy_checkpoint(checkpoints[adopted], out_dir, train_config=dataclasses.asdict(cfg))
-        log.info("model=%s starts from the kept final state and best checkpoint of %s (the same run under "
-                 "other early-stopping settings)", model_name, checkpoints[adopted])
-
-
-def _checkpoint_epoch(folder: Path) -> int | None:
-    """The best epoch a checkpoint folder records, or None where there is no readable one."""
-    try:
-        return json.loads((folder / "model.json").read_text()).get("best_epoch")
-    except (OSError, ValueError):
-        return None
-
-
-def early_stop_epoch(curve: list[dict], patience: int, floor: int) -> int | None:
-    """The epoch at which early stopping (`patience` epochs without a better validation score, at or after
-    epoch `floor`) ends a run with this validation curve, or None if it does not within the curve — the
-    training loop's own rule, replayed on a saved state's curve."""
-    best, bad = -math.inf, 0
-    for row in curve:
-        score = row[f"valid_{SELECTION_METRIC}"]
-        best, bad = (score, 0) if score > best else (best, bad + 1)
-        if bad >= patience and row["epoch"] >= floor:
-            return int(row["epoch"])
-    return None
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:

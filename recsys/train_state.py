@@ -5,16 +5,24 @@ saves and loads it; safetensors + JSON, never unpickled)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import filecmp
+import hashlib
 import json
+import math
+import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from recsys.checkpoint import CHECKPOINT_FILES, copy_checkpoint
 from recsys.faults import fault_point
 from recsys.layout import prune_resume_state, resume_dir
+from recsys.model_configs import TrainConfig
 
 
 class WeightAverage:
@@ -47,6 +55,58 @@ def _load_prefixed(module: torch.nn.Module, tensors: dict[str, torch.Tensor], pr
     module.load_state_dict({k[len(head):]: v.to(device) for k, v in tensors.items() if k.startswith(head)})
 
 
+# Train settings that bound or display a run without changing what it computes epoch by epoch: they are not
+# part of its resume key, so a run stopped or killed under one time budget goes on under another.
+BUDGET_FIELDS = ("max_minutes", "progress")
+# Early stopping's settings only decide where the same epochs end: a state saved under a smaller patience or
+# epoch floor is the start of this run's (`early_stop_epoch` checks it from the state's curve), so a run
+# early stopping ended goes on under a larger patience from its kept final state instead of from epoch 1.
+STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
+
+
+def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
+            init: dict | None = None) -> str:
+    train = {k: v for k, v in dataclasses.asdict(train_config).items()
+             if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
+    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
+           "data": fingerprint}
+    if init is not None:  # a warm start from another champion is another run
+        key["init"] = init
+    blob = json.dumps(key, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+BEST = "best"  # the best checkpoint's files inside a saved state
+
+
+def best_epoch_of(folder: Path) -> int | None:
+    """The best epoch a checkpoint folder records, or None where there is no readable one."""
+    try:
+        return json.loads((folder / "model.json").read_text()).get("best_epoch")
+    except (OSError, ValueError):
+        return None
+
+
+def early_stop_epoch(curve: list[dict], patience: int, floor: int, column: str) -> int | None:
+    """The epoch at which early stopping (`patience` epochs without a better score in `column`, at or after
+    epoch `floor`) ends a run with this validation curve, or None if it does not within the curve — the
+    training loop's own rule (recsys/train.py), replayed on a saved state's curve."""
+    best, bad = -math.inf, 0
+    for row in curve:
+        score = row[column]
+        best, bad = (score, 0) if score > best else (best, bad + 1)
+        if bad >= patience and row["epoch"] >= floor:
+            return int(row["epoch"])
+    return None
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    try:
+        return filecmp.cmp(a / "model.safetensors", b / "model.safetensors", shallow=False)
+    except OSError:
+        return False
+
+
 def _whole(state_dir: Path) -> bool:
     """Both files of a saved state are there (not so in a folder an older version's killed save left)."""
     return (state_dir / "state.json").is_file() and (state_dir / "state.safetensors").is_file()
@@ -65,10 +125,20 @@ class Resume:
         self.dir = resume_dir(root, model_name, key)
 
     def save(self, model, optimizer, generator: torch.Generator, state: dict,
-             average: WeightAverage | None = None) -> None:
+             average: WeightAverage | None = None, best: Path | None = None) -> None:
+        """`best`: the run's best checkpoint folder, kept in the state as `best/` (hard links where the file
+        system allows, else copies): a run resumed where the checkpoint is gone (`dvc repro` removes a stage's
+        outputs before it runs) or another run's (`adopt`) gets it back from the state, whole."""
         tmp = self.dir.with_name(self.dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        if best is not None and (Path(best) / "model.json").is_file():
+            (tmp / BEST).mkdir()
+            for name in CHECKPOINT_FILES:
+                try:
+                    os.link(Path(best) / name, tmp / BEST / name)
+                except OSError:
+                    shutil.copy2(Path(best) / name, tmp / BEST / name)
         tensors = _prefixed("model", model)
         if average is not None:
             tensors.update(_prefixed("ema", average.module))
@@ -100,16 +170,41 @@ class Resume:
     def _source(self) -> Path | None:
         return next((d for d in (self.dir, self._old()) if _whole(d)), None)
 
+    def best(self) -> Path | None:
+        """The best checkpoint kept in the saved state (`save(best=)`), or None (none kept, as in a state an
+        older version saved)."""
+        source = self._source()
+        return source / BEST if source is not None and (source / BEST / "model.json").is_file() else None
+
     def peek(self) -> dict | None:
         """The saved state's JSON part (epoch, curve, …) without loading its tensors, or None."""
         source = self._source()
         return json.loads((source / "state.json").read_text()) if source is not None else None
 
-    def adopt(self, roots: Iterable[Path], accept: Callable[[dict, Path], bool]) -> Path | None:
-        """Copy in, as this run's state, the kept final state (marked `stopped_by`) of this same run key under
-        another root that `accept(state, root)` takes — the one with the most epochs; returns that root, or
-        None (none there, or this run has a state of its own). A copy, by a rename of a whole `.tmp` folder:
-        the other root's state stays as it was."""
+    def restore_best(self, out_dir: Path, best_epoch: int, settings: dict) -> bool:
+        """After a resume: make the checkpoint in `out_dir` the saved state's best one, recording `settings`
+        as its `train_config`. Put back from the state where it is missing or other weights (`dvc repro`
+        removes a stage's outputs before it runs; an adopted state's checkpoint is in another run's folder):
+        True. Where only the settings differ (early stopping's, resumed under others), rewritten with them."""
+        settings = json.loads(json.dumps(settings))  # as model.json holds them (tuples become lists)
+        kept = self.best()
+        if kept is not None and best_epoch_of(kept) == best_epoch and not _same_weights(kept, Path(out_dir)):
+            copy_checkpoint(kept, out_dir, train_config=settings)
+            return True
+        try:
+            recorded = json.loads((Path(out_dir) / "model.json").read_text())
+        except (OSError, ValueError):
+            return False  # no checkpoint, and none kept (a state an older version saved): as before
+        if recorded.get("train_config") != settings:
+            copy_checkpoint(out_dir, out_dir, train_config=settings)
+        return False
+
+    def adopt(self, roots: Iterable[Path], patience: int, floor: int, column: str) -> Path | None:
+        """Copy in, as this run's state, the kept final state (marked `stopped_by`, with its best checkpoint)
+        of this same run key under another root (the same run under other early-stopping settings) whose epochs
+        are this run's first ones (`early_stop_epoch` under `patience`, `floor`) — the one with the most
+        epochs; returns that root, or None (none there, or this run has a state of its own). A copy, by a
+        rename of a whole `.tmp` folder: the other root's state stays as it was."""
         if self._source() is not None:
             return None
         found = []
@@ -118,7 +213,9 @@ class Resume:
             if other.resolve() == self.dir.resolve() or not _whole(other):
                 continue
             state = json.loads((other / "state.json").read_text())
-            if "stopped_by" in state and accept(state, Path(root)):
+            stop = early_stop_epoch(state["curve"], patience, floor, column)
+            beginning = stop is None or stop >= state["epoch"]
+            if "stopped_by" in state and best_epoch_of(other / BEST) == state["best_epoch"] and beginning:
                 found.append((int(state["epoch"]), str(root)))
         if not found:
             return None

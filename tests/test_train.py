@@ -295,11 +295,13 @@ class ScriptedValidation:
 
 
 def test_early_stop_epoch_replays_the_loop_s_rule():
-    from recsys.train import early_stop_epoch
+    from recsys.train import VALID_COLUMN
+    from recsys.train_state import early_stop_epoch
 
-    curve = [{"epoch": e, "valid_ndcg@10": v} for e, v in enumerate(ScriptedValidation.SCRIPT, start=1)]
-    assert [early_stop_epoch(curve, p, 0) for p in (1, 2, 3, 4, 20)] == [3, 4, 5, 10, None]
-    assert early_stop_epoch(curve, 2, 7) == 8 and early_stop_epoch(curve[:3], 2, 0) is None
+    curve = [{"epoch": e, VALID_COLUMN: v} for e, v in enumerate(ScriptedValidation.SCRIPT, start=1)]
+    assert [early_stop_epoch(curve, p, 0, VALID_COLUMN) for p in (1, 2, 3, 4, 20)] == [3, 4, 5, 10, None]
+    assert early_stop_epoch(curve, 2, 7, VALID_COLUMN) == 8
+    assert early_stop_epoch(curve[:3], 2, 0, VALID_COLUMN) is None
 
 
 def test_a_run_early_stopping_ended_goes_on_under_a_larger_patience(tiny_prepared, tiny_sasrec_config,
@@ -333,8 +335,11 @@ def test_a_run_early_stopping_ended_goes_on_under_a_larger_patience(tiny_prepare
 def test_another_runs_kept_state_is_adopted_only_with_its_best_checkpoint_and_as_a_beginning(
         tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, monkeypatch):
     """`adopt_from` (the benchmarks' patience sweeps): a larger patience starts from the other run's kept
-    final state and best checkpoint and ends as a straight run; without that checkpoint, or from a state a
-    larger patience carried past this run's stop, it trains from epoch 1 (and the other run's state stays)."""
+    final state, and the best checkpoint it keeps, and ends as a straight run; from a state without that
+    checkpoint, or one a larger patience carried past this run's stop, it trains from epoch 1 (and the
+    other run's state stays)."""
+    import shutil
+
     script = ScriptedValidation(monkeypatch)
     cfg = dataclasses.replace(fast_train_config, epochs=12, patience=3)
     straight = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
@@ -342,21 +347,63 @@ def test_another_runs_kept_state_is_adopted_only_with_its_best_checkpoint_and_as
     run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=2), tmp_path / "p2",
         keep_final_state=True)
     kept = sorted((tmp_path / "p2" / "resume").iterdir())
-    for folder, root, first_epoch in (("model", "p2", 5), ("absent", "p2", 1)):
+    shutil.copytree(tmp_path / "p2" / "resume", tmp_path / "bare")
+    (state_dir,) = (tmp_path / "bare").iterdir()
+    shutil.rmtree(state_dir / "best")  # as a state saved before states kept their best checkpoint
+    for root, first_epoch in ((tmp_path / "p2" / "resume", 5), (tmp_path / "bare", 1)):
         script.epoch, seen = first_epoch - 1, Interrupt()
-        out = tmp_path / f"from-{folder}"
-        result = run(tiny_prepared, tiny_sasrec_config, cfg, out, on_epoch=seen,
-                     adopt_from=[(tmp_path / root / "resume", tmp_path / root / folder)])
-        assert seen.seen == list(range(first_epoch, 6)), folder
+        out = tmp_path / f"from-{root.name}"
+        result = run(tiny_prepared, tiny_sasrec_config, cfg, out, on_epoch=seen, adopt_from=[root])
+        assert seen.seen == list(range(first_epoch, 6)), root
         assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run) == (2, 5)
         got, want = weights(out / "model"), weights(tmp_path / "straight" / "model")
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+        assert json.loads((out / "model" / "model.json").read_text())["train_config"]["patience"] == 3
     assert sorted((tmp_path / "p2" / "resume").iterdir()) == kept
     script.epoch, seen = 0, Interrupt()
     run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=1), tmp_path / "p1",
-        on_epoch=seen, adopt_from=[(tmp_path / "p2" / "resume", tmp_path / "p2" / "model")])
+        on_epoch=seen, adopt_from=[tmp_path / "p2" / "resume"])
     assert seen.seen == [1, 2, 3]  # patience 1 stops at epoch 3, before the kept state's epoch 4
+
+
+def test_a_resumed_run_gets_its_best_checkpoint_back_from_the_state(tiny_prepared, tiny_sasrec_config,
+                                                                     fast_train_config, tmp_path, monkeypatch):
+    """`dvc repro` removes a stage's outputs before it runs it: a training stage killed after its best epoch
+    resumed without its checkpoint and, finding no better epoch, ended with none (evaluation then failed).
+    The saved state keeps the best checkpoint; the resumed run puts it back, recording its own settings."""
+    import shutil
+
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=12, patience=2)
+    run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "straight")
+    script.epoch = 0
+    with pytest.raises(KeyboardInterrupt):  # killed under patience 20 at epoch 4 (best epoch 2)
+        run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=20), tmp_path,
+            on_epoch=Interrupt(at=4))
+    shutil.rmtree(tmp_path / "model")
+    script.epoch, again = 4, Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=again)  # patience 2: ends there
+    assert again.seen == [] and (result.best_epoch, result.epochs_run) == (2, 4)
+    meta = json.loads((tmp_path / "model" / "model.json").read_text())
+    assert meta["best_epoch"] == 2 and meta["train_config"]["patience"] == 2
+    got, want = weights(tmp_path / "model"), weights(tmp_path / "straight" / "model")
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+
+
+def test_a_kept_state_at_this_runs_stopping_epoch_says_early_stopping(tiny_prepared, tiny_sasrec_config,
+                                                                       fast_train_config, tmp_path, monkeypatch):
+    """A kept final state the epoch cap (or the clock) ended at the very epoch where this run's patience ends
+    it reports early stopping, as one uninterrupted run does (its check after the epoch comes first)."""
+    script = ScriptedValidation(monkeypatch)
+    cfg = dataclasses.replace(fast_train_config, epochs=3, patience=20)
+    capped = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, keep_final_state=True)
+    assert capped.stopped_by == "max_epochs"
+    script.epoch, seen = 3, Interrupt()
+    result = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, patience=1), tmp_path,
+                 on_epoch=seen, keep_final_state=True)
+    assert (seen.seen, result.stopped_by, result.epochs_run) == ([], "early_stopping", 3)
 
 
 def test_a_state_saved_at_the_stopping_epoch_resumes_without_another_epoch(

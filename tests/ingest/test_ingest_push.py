@@ -125,7 +125,7 @@ def test_a_run_with_pushes_off_keeps_the_remote_s_debt_for_the_next_run_with_the
     """A push killed midway, then runs under a params file with `ingest.dvc_push: false` (staging, say): they
     ingest without pushing and used to delete the marker, so the remote stayed short of both batches with
     nothing left to say so. Now the marker stays (no work for a nothing-new run while pushes are off), and
-    the first run with pushes on pushes everything."""
+    the first run with pushes on pushes the store, every batch."""
     crashed = cli(repo, repo / "inbox" / "b.csv", frame=events(5, start=200), fault="before_push")
     assert crashed.returncode != 0 and not dvc_clean(repo)[0]
     marker = repo / ".ingest" / "push-pending.json"
