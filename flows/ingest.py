@@ -13,6 +13,7 @@ Prefect artifact.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -83,16 +84,18 @@ INGEST_RETRY_DELAY_S = 5.0
 def ingest_inbox_task(repo_root: str, config: IngestConfig) -> dict[str, Any]:
     """Recovery, every batch in the inbox, then the push, retried while the failure is transient; every
     attempt's batches are in the result (or, when the last attempt fails, in its exception's `run`)."""
-    from recsys.ingest import IngestError, IngestRun, ingest_inbox
+    from recsys.ingest import IngestRun, ingest_inbox
 
     done = IngestRun()
     for attempt in range(1, INGEST_ATTEMPTS + 1):
         try:
             run = ingest_inbox(Path(repo_root), config)
-        except IngestError as err:
-            _add(done, err.run)
+        except Exception as err:  # an IngestError, or e.g. an OSError (a full disk) after some batches
+            _add(done, getattr(err, "run", None))
             if attempt == INGEST_ATTEMPTS or not is_transient(err):
-                err.run = done
+                if done or done.actions:
+                    with contextlib.suppress(AttributeError):
+                        err.run = done  # type: ignore[attr-defined]
                 raise
             get_run_logger().warning("ingest attempt %d of %d failed: %s; retrying in %.0f s", attempt,
                                      INGEST_ATTEMPTS, err, INGEST_RETRY_DELAY_S)

@@ -157,10 +157,12 @@ class Resume:
         # left a state.json without its tensors, which every later run failed to load); a kill between the
         # renames leaves it whole at `.old`, and `load` resumes from it.
         old = self._old()
-        shutil.rmtree(old, ignore_errors=True)
-        if self.dir.exists():
+        if _whole(self.dir):
+            shutil.rmtree(old, ignore_errors=True)
             self.dir.rename(old)
             fault_point("resume_state_moved_aside")
+        else:  # none, or a half folder an older version's kill left: a whole `.old` stays until the new is in
+            shutil.rmtree(self.dir, ignore_errors=True)
         tmp.rename(self.dir)
         shutil.rmtree(old, ignore_errors=True)
 
@@ -224,6 +226,7 @@ class Resume:
         shutil.rmtree(tmp, ignore_errors=True)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(resume_dir(root, self.model_name, self.key), tmp)
+        shutil.rmtree(self.dir, ignore_errors=True)  # a half folder (this run has no whole state)
         tmp.rename(self.dir)
         return root
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -739,11 +741,20 @@ def _command(case) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def run_forked(commands: list[list[str]]) -> list[dict]:
-    """tests/script_runner.py: each command line its own process, forked from one warm interpreter."""
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "script_runner.py")],
-                          input=json.dumps(commands), capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          check=True)
-    return json.loads(done.stdout)
+    """tests/script_runner.py: each command line its own process, forked from one warm interpreter. In a
+    process group of its own, so that a timeout (a refusal regressed into real training) stops the forked
+    commands too, not only the runner."""
+    runner = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_runner.py")], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        stdout, stderr = runner.communicate(json.dumps(commands), timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.communicate()
+        raise
+    assert runner.returncode == 0, stderr
+    return json.loads(stdout)
 
 
 @pytest.fixture(scope="module")

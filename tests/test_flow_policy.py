@@ -230,3 +230,28 @@ def test_the_flows_epochs_option_is_bounded_as_train_epochs_is():
                        ("0", "expected a whole number of at least 1"), ("2.0", "expected a whole number")):
         with pytest.raises(argparse.ArgumentTypeError, match=says):
             epochs_argument(text)
+
+
+def test_the_ingest_task_retries_any_transient_failure_and_keeps_every_attempts_batches(monkeypatch):
+    """Only an IngestError was retried and carried the batches earlier attempts had dealt with: an attempt
+    that rejected a batch and failed to push, then one that hit a full disk (an OSError), ended at once in an
+    error that reported nothing rejected. Now every transient failure is retried, and the last one carries
+    every attempt's batches."""
+    import flows.ingest as ingest_flow
+    import recsys.ingest
+    from recsys.config import IngestConfig
+
+    rejected = {"source": "b.csv", "status": "rejected", "message": "batch rejected: bad"}
+    failures = iter([PushFailed("push failed", IngestRun([rejected]), transient=True),
+                     OSError(28, "No space left on device"), OSError(28, "No space left on device")])
+
+    def attempt(repo_root, config):
+        raise next(failures)
+
+    monkeypatch.setattr(recsys.ingest, "ingest_inbox", attempt)
+    monkeypatch.setattr(ingest_flow, "INGEST_RETRY_DELAY_S", 0.0)
+    monkeypatch.setattr(ingest_flow, "get_run_logger", lambda: logging.getLogger("test"))
+    with pytest.raises(OSError, match="No space left") as failed:
+        ingest_flow.ingest_inbox_task.fn(".", IngestConfig())
+    assert next(failures, None) is None  # three attempts
+    assert list(failed.value.run) == [rejected]

@@ -513,6 +513,37 @@ def test_a_half_deleted_resume_state_is_no_state(tiny_prepared, tiny_sasrec_conf
     assert not any((tmp_path / "resume").iterdir())
 
 
+def test_a_save_beside_a_half_folder_keeps_the_whole_old_state_until_the_new_one_is_in(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, monkeypatch):
+    """The state moved aside to `.old` (a kill between the renames) with a half folder in its place (an older
+    version's kill): the next save removed `.old` before putting its own in place, so a kill in that gap left
+    no state and training began again at epoch 1. Now `.old` goes only after the new state is in."""
+    from recsys.train_state import Resume
+
+    cfg = dataclasses.replace(fast_train_config, epochs=3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path, on_epoch=Interrupt(at=2))
+    [state] = (tmp_path / "resume").iterdir()
+    old = state.with_name(state.name + ".old")
+    state.rename(old)
+    state.mkdir()
+    (state / "state.json").write_text("{}")  # half: no tensors
+    model_name, key = state.name.split("-", 1)
+    resume = Resume(tmp_path / "resume", model_name, key)
+    assert resume.peek()["epoch"] == 2  # from .old
+
+    def killed(self, target):
+        raise KeyboardInterrupt  # the new state's rename never happens
+
+    monkeypatch.setattr(type(state), "rename", killed)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    with pytest.raises(KeyboardInterrupt):
+        resume.save(model, optimizer, torch.Generator(), {"epoch": 3, "curve": []})
+    monkeypatch.undo()
+    assert resume.peek()["epoch"] == 2  # the whole `.old` is still there to resume from
+
+
 def test_an_interrupted_runs_state_survives_another_interrupted_run(tiny_prepared, tiny_sasrec_config,
                                                                       fast_train_config, tmp_path):
     """Only completion clears: two interrupted configurations each keep their state and resume from it."""

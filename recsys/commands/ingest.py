@@ -61,8 +61,10 @@ def ingest(
     try:
         run = (ingest_batches(batches, root, config, move=True, params=params) if batches
                else ingest_inbox(root, config, params))
-    except (IngestError, ConfigError) as err:
+    except Exception as err:  # an IngestError, or e.g. an OSError (a full disk) after some batches
         if getattr(err, "run", None) is None:  # refused or failed before any batch was dealt with
+            if not isinstance(err, (IngestError, ConfigError)):
+                raise  # the entry point's one line (or traceback, where asked for)
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(1) from None
         run, run_error = err.run, str(err)  # a failed push, or a failure after some batches: say those first

@@ -3,6 +3,7 @@ turn, file it away, and push. What the CLI (`recsys ingest`) and the flow (`flow
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -96,8 +97,9 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
                 if move:
                     _file_away(path, summary, where)
                 run.append(summary)
-        except IngestError as err:  # e.g. `dvc add` failing at the third batch: the first two are done
-            err.run = run
+        except Exception as err:  # e.g. `dvc add` failing at the third batch: the first two are done
+            with contextlib.suppress(AttributeError):  # (an exception that takes no attributes: not ours)
+                err.run = run  # type: ignore[attr-defined]
             raise
         # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
         push_error = push_error or _push(where, config, run)
