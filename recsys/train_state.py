@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from recsys.checkpoint import CHECKPOINT_FILES, copy_checkpoint
+from recsys.checkpoint import CHECKPOINT_FILES, CheckpointError, copy_checkpoint, read_meta
 from recsys.faults import fault_point
 from recsys.layout import prune_resume_state, resume_dir
 from recsys.model_configs import TrainConfig
@@ -82,8 +82,8 @@ BEST = "best"  # the best checkpoint's files inside a saved state
 def best_epoch_of(folder: Path) -> int | None:
     """The best epoch a checkpoint folder records, or None where there is no readable one."""
     try:
-        return json.loads((folder / "model.json").read_text()).get("best_epoch")
-    except (OSError, ValueError):
+        return read_meta(folder).get("best_epoch")
+    except CheckpointError:
         return None
 
 
@@ -194,8 +194,8 @@ class Resume:
             copy_checkpoint(kept, out_dir, train_config=settings)
             return True
         try:
-            recorded = json.loads((Path(out_dir) / "model.json").read_text())
-        except (OSError, ValueError):
+            recorded = read_meta(out_dir)
+        except CheckpointError:
             return False  # no checkpoint, and none kept (a state an older version saved): as before
         if recorded.get("train_config") != settings:
             copy_checkpoint(out_dir, out_dir, train_config=settings)
@@ -203,9 +203,9 @@ class Resume:
 
     def adopt(self, roots: Iterable[Path], patience: int, floor: int, column: str) -> Path | None:
         """Copy in, as this run's state, the kept final state (marked `stopped_by`, with its best checkpoint)
-        of this same run key under another root (the same run under other early-stopping settings) whose epochs
-        are this run's first ones (`early_stop_epoch` under `patience`, `floor`) — the one with the most
-        epochs; returns that root, or None (none there, or this run has a state of its own). A copy, by a
+        of this same run key under another root (the same run under other early-stopping settings) whose
+        epochs are this run's first ones (`early_stop_epoch` under `patience`, `floor`) — the one with the
+        most epochs; returns that root, or None (none there, or this run has a state of its own). A copy, by a
         rename of a whole `.tmp` folder: the other root's state stays as it was."""
         if self._source() is not None:
             return None

@@ -39,6 +39,14 @@ def weights(checkpoint_dir) -> dict[str, torch.Tensor]:
     return load_file(str(checkpoint_dir / "model.safetensors"))
 
 
+def assert_same_weights(got_dir, want_dir, atol: float = 1e-6) -> None:
+    """Two checkpoints hold the same tensors (to `atol`): a resumed or extended run against a straight one."""
+    got, want = weights(got_dir), weights(want_dir)
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=atol)
+
+
 def run(prepared, model_config, train_config, root, **kwargs):
     return train_model("sasrec", model_config, train_config, prepared, root / "model", curve_path=root / "curve.csv",
                        resume_root=root / "resume", **kwargs)
@@ -143,10 +151,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_
     assert result.best_valid == pytest.approx(straight.best_valid, abs=1e-12)
     expected_curve = read_curve(tmp_path / "straight" / "curve.csv")
     assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected_curve], rel=1e-9)
-    got, want = weights(tmp_path / "resumed" / "model"), weights(tmp_path / "straight" / "model")
-    assert got.keys() == want.keys()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert_same_weights(tmp_path / "resumed" / "model", tmp_path / "straight" / "model")
     assert not any((tmp_path / "resumed" / "resume").iterdir())  # cleared once finished
 
 
@@ -270,9 +275,7 @@ def test_a_time_limited_run_goes_on_when_given_more_time(tiny_prepared, tiny_sas
     curve = read_curve(tmp_path / "ext" / "curve.csv")
     expected = read_curve(tmp_path / "straight" / "curve.csv")
     assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-9)
-    got, want = weights(tmp_path / "ext" / "model"), weights(tmp_path / "straight" / "model")
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert_same_weights(tmp_path / "ext" / "model", tmp_path / "straight" / "model")
 
 
 class ScriptedValidation:
@@ -327,9 +330,7 @@ def test_a_run_early_stopping_ended_goes_on_under_a_larger_patience(tiny_prepare
     assert (extended.best_epoch, extended.epochs_run, extended.stopped_by) == (6, 10, "early_stopping")
     curve, expected = read_curve(ext / "curve.csv"), read_curve(tmp_path / "straight" / "curve.csv")
     assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-9)
-    got, want = weights(ext / "model"), weights(tmp_path / "straight" / "model")
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert_same_weights(ext / "model", tmp_path / "straight" / "model")
 
 
 def test_another_runs_kept_state_is_adopted_only_with_its_best_checkpoint_and_as_a_beginning(
@@ -356,9 +357,7 @@ def test_another_runs_kept_state_is_adopted_only_with_its_best_checkpoint_and_as
         result = run(tiny_prepared, tiny_sasrec_config, cfg, out, on_epoch=seen, adopt_from=[root])
         assert seen.seen == list(range(first_epoch, 6)), root
         assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run) == (2, 5)
-        got, want = weights(out / "model"), weights(tmp_path / "straight" / "model")
-        for key in want:
-            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+        assert_same_weights(out / "model", tmp_path / "straight" / "model")
         assert json.loads((out / "model" / "model.json").read_text())["train_config"]["patience"] == 3
     assert sorted((tmp_path / "p2" / "resume").iterdir()) == kept
     script.epoch, seen = 0, Interrupt()
@@ -387,9 +386,7 @@ def test_a_resumed_run_gets_its_best_checkpoint_back_from_the_state(tiny_prepare
     assert again.seen == [] and (result.best_epoch, result.epochs_run) == (2, 4)
     meta = json.loads((tmp_path / "model" / "model.json").read_text())
     assert meta["best_epoch"] == 2 and meta["train_config"]["patience"] == 2
-    got, want = weights(tmp_path / "model"), weights(tmp_path / "straight" / "model")
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+    assert_same_weights(tmp_path / "model", tmp_path / "straight" / "model", atol=0)
 
 
 def test_a_kept_state_at_this_runs_stopping_epoch_says_early_stopping(tiny_prepared, tiny_sasrec_config,
@@ -439,9 +436,7 @@ def test_a_state_saved_past_where_this_run_stops_is_not_resumed(tiny_prepared, t
     said = "the saved state (epoch 10) went past epoch 4, where patience=2, min_epochs=0 stop this run"
     assert said in caplog.text
     assert (result.best_epoch, result.epochs_run) == (straight.best_epoch, straight.epochs_run) == (2, 4)
-    got, want = weights(tmp_path / "p" / "model"), weights(tmp_path / "straight" / "model")
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert_same_weights(tmp_path / "p" / "model", tmp_path / "straight" / "model")
 
 
 def test_a_killed_run_resumes_under_another_time_budget(tiny_prepared, tiny_sasrec_config, fast_train_config,
@@ -706,10 +701,8 @@ def test_a_training_stage_killed_after_an_epoch_resumes_to_the_same_model(tiny_p
     rerun = stage(roots["killed"])
     assert rerun.returncode == 0 and "resumed model=sasrec from epoch=1" in rerun.stderr, rerun.stderr[-2000:]
 
-    got, want = (weights(r / "artifacts" / "models" / "sasrec") for r in (roots["killed"], roots["straight"]))
-    assert got.keys() == want.keys()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
+    assert_same_weights(*(r / "artifacts" / "models" / "sasrec" for r in (roots["killed"],
+                                                                          roots["straight"])))
     curves = [read_curve(r / "plots" / "sasrec.csv") for r in (roots["killed"], roots["straight"])]
     assert [row["valid_ndcg@10"] for row in curves[0]] == [row["valid_ndcg@10"] for row in curves[1]]
     assert not any((roots["killed"] / ".resume").iterdir())
