@@ -14,6 +14,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from recsys.layout import VALID_COLUMN
+
 
 def publish_ingest(summaries: list[dict[str, Any]]) -> None:
     if not summaries:
@@ -80,9 +82,9 @@ def curves_markdown(curves: dict[str, list[dict]], ran: list[str]) -> str:
     for m, rows in sorted(curves.items()):
         if not rows:
             continue
-        best = max(rows, key=lambda r: r.get("valid_ndcg@10", float("-inf")))
+        best = max(rows, key=lambda r: r.get(VALID_COLUMN, float("-inf")))
         lines.append(f"- **{m}**: {len(rows)} epoch(s), best epoch {int(best['epoch'])} "
-                     f"(valid NDCG@10 {best['valid_ndcg@10']:.4f}); `dvc plots show` renders plots/{m}.csv")
+                     f"(valid NDCG@10 {best[VALID_COLUMN]:.4f}); `dvc plots show` renders plots/{m}.csv")
     return "\n".join(lines)
 
 
@@ -99,7 +101,7 @@ def _curves_png(curves: dict[str, list[dict]]) -> bytes | None:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=80)
     for m, rows in sorted(drawable.items()):
-        ax.plot([r["epoch"] for r in rows], [r["valid_ndcg@10"] for r in rows], label=m)
+        ax.plot([r["epoch"] for r in rows], [r[VALID_COLUMN] for r in rows], label=m)
     ax.set_xlabel("epoch")
     ax.set_ylabel("valid NDCG@10")
     ax.legend()

@@ -123,7 +123,7 @@ def stages(root: Path = REPO_ROOT) -> dict:
                          *code_deps("recsys.train", root)],
                 "params": ["train", ITEM],
                 "outs": [model_dir],
-                "plots": [{layout.CURVE.format(model=ITEM): {"x": "epoch", "y": "valid_ndcg@10"}}],
+                "plots": [{layout.CURVE.format(model=ITEM): {"x": "epoch", "y": layout.VALID_COLUMN}}],
             },
         },
         "evaluate": {

@@ -29,6 +29,10 @@ EVAL_DIR = "artifacts/eval/{model}"
 PER_USER = "artifacts/eval/{model}/per_user.parquet"
 METRICS = "metrics/{model}.json"
 CURVE = "plots/{model}.csv"
+# The metric that selects: early stopping's best epoch, the retrain flow's candidate (recsys/retraining.py),
+# on the validation split; and its column in CURVE, which `dvc plots` draws. The gate's metric is gate.metric.
+SELECTION_METRIC = "ndcg@10"
+VALID_COLUMN = f"valid_{SELECTION_METRIC}"
 RESUME = ".resume"  # trainer state after each epoch (git-ignored, outside DVC)
 STATE = ".ingest"  # workspace lock, ingest journal, params backup during an --epochs override
 SCRATCH = "tmp"  # inside STATE: the temp files of workspace writes, emptied when recovery starts

@@ -31,7 +31,7 @@ from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
-from recsys.layout import RESUME, Layout
+from recsys.layout import RESUME, SELECTION_METRIC, VALID_COLUMN, Layout
 from recsys.metrics import per_user_metrics
 from recsys.model_configs import TrainConfig
 from recsys.models import build_model
@@ -43,9 +43,6 @@ from recsys.train_state import Resume, WeightAverage, early_stop_epoch, run_key
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
-
-SELECTION_METRIC = "ndcg@10"
-VALID_COLUMN = f"valid_{SELECTION_METRIC}"  # the curve's column early stopping reads
 
 
 class TrainingError(RuntimeError):
@@ -190,7 +187,7 @@ def train_model(
         with validation_memory(model, cfg, device):
             valid = validate(model, valid_inputs)
         checkpoint(0, valid)
-        row = {"epoch": 0, "loss": float("nan"), f"valid_{SELECTION_METRIC}": valid[SELECTION_METRIC],
+        row = {"epoch": 0, "loss": float("nan"), VALID_COLUMN: valid[SELECTION_METRIC],
                "valid_hr@10": valid["hr@10"], "seconds": time.perf_counter() - started}
         _write_curve(curve_path, [row])
         log.info("epoch=0 model=%s valid_ndcg@10=%.4f valid_hr@10=%.4f (counting model: no training)",
@@ -326,7 +323,7 @@ def train_model(
         valid, now = world.from_rank0((valid, now))  # every rank decides (improved, stop) from rank 0's
         score = valid[SELECTION_METRIC]
         improved = score > state["best"]
-        row = {"epoch": epoch, "loss": epoch_loss, f"valid_{SELECTION_METRIC}": score,
+        row = {"epoch": epoch, "loss": epoch_loss, VALID_COLUMN: score,
                "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": current_rate(optimizer)}
         curve_rows.append(row)
         # train_s + valid_s against the curve's `seconds` steps: what an epoch spends saving and logging.

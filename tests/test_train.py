@@ -298,7 +298,7 @@ class ScriptedValidation:
 
 
 def test_early_stop_epoch_replays_the_loop_s_rule():
-    from recsys.train import VALID_COLUMN
+    from recsys.layout import VALID_COLUMN
     from recsys.train_state import early_stop_epoch
 
     curve = [{"epoch": e, VALID_COLUMN: v} for e, v in enumerate(ScriptedValidation.SCRIPT, start=1)]
