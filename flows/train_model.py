@@ -1,6 +1,6 @@
 """One model's train + evaluate on a worker of a pool: the unit of work the retrain flow fans out.
 
-Deployed as `train-model/worker` (prefect.yaml) with a `git_clone` pull step, so every run starts from a
+Deployed as `train-model/worker` (prefect-fanout.yaml) with a `git_clone` pull step, so every run starts from a
 clean clone; the retrain flow calls it through `run_deployment` with a `recsys.fanout.WorkOrder`'s
 parameters. The run checks out the coordinator's commit, writes its params.yaml and dvc.lock, pulls the
 prepared dataset from the DVC remote, puts the model's warm source in place (the checkpoint the shipped
