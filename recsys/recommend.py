@@ -90,6 +90,7 @@ def recommend(
 
 CHAMPION, BASELINE_CHAMPION, POPULARITY_FALLBACK = "champion", "baseline_champion", "popularity_fallback"
 # Why an answer has no items (`Answer.empty_because`; None when it has some):
+MAX_K = 1000  # the most items one answer lists (`recsys recommend -k`)
 NOTHING_COUNTED = "nothing_counted"  # dataset popularity with no events up to `--at`
 HISTORY_COVERS_ALL = "history_covers_all"  # every item the answer could rank is in the history
 
@@ -138,6 +139,10 @@ def parse_time(value: str) -> int:
         raise RecommendError(f"--at {value!r} is not an ISO-8601 time (e.g. 2024-05-01T12:00:00Z)") from err
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
+    try:  # the answer says its time in UTC: a zone that moves it past year 1 or 9999 has no such time
+        moment.astimezone(timezone.utc)
+    except (OverflowError, ValueError) as err:
+        raise RecommendError(f"--at {value!r} is outside the years 1 to 9999 in UTC") from err
     return int(moment.timestamp())
 
 
@@ -195,22 +200,37 @@ class Prepared:
         return [(raw_of[int(i)], float(c)) for i, c in counts.items() if int(i) in raw_of]
 
 
+# The columns an answer reads from each file of a prepared dataset (recsys/prepare.py writes them).
+PREPARED_COLUMNS = {"events": ("user", "item", "timestamp"), "items": ("item", "item_id"),
+                    "users": ("user", "user_id")}
+
+
 def read_prepared(prepared_dir: Path, required: bool) -> Prepared | None:
     import pandas as pd
+    import pyarrow.parquet as pq
 
+    rebuild = "`recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)"
     try:
-        return Prepared(
-            pd.read_parquet(prepared_dir / "events.parquet", columns=["user", "item", "timestamp"]),
-            pd.read_parquet(prepared_dir / "items.parquet"),
-            pd.read_parquet(prepared_dir / "users.parquet"),
-        )
+        schemas = {name: pq.read_schema(prepared_dir / f"{name}.parquet").names for name in PREPARED_COLUMNS}
     except (FileNotFoundError, OSError) as err:
         if not required:
             return None
-        raise RecommendError(
-            f"prepared dataset not found under {prepared_dir} ({err}): `recsys bootstrap && dvc repro prepare` "
-            "builds it (the flows and `bash scripts/demo.sh` do)"
-        ) from err
+        raise RecommendError(f"prepared dataset not found under {prepared_dir} ({err}): {rebuild}") from err
+    for name, columns in PREPARED_COLUMNS.items():
+        if missing := [c for c in columns if c not in schemas[name]]:
+            raise RecommendError(f"{prepared_dir / name}.parquet is not a prepared dataset's: it lacks column(s) "
+                                 f"{', '.join(missing)}; point --prepared at prepare's output, or {rebuild}")
+    prepared = Prepared(
+        pd.read_parquet(prepared_dir / "events.parquet", columns=list(PREPARED_COLUMNS["events"])),
+        pd.read_parquet(prepared_dir / "items.parquet"),
+        pd.read_parquet(prepared_dir / "users.parquet"),
+    )
+    for code, table in (("item", prepared.items), ("user", prepared.users)):
+        if unlisted := int((~prepared.events[code].isin(table[code])).sum()):
+            article = "an" if code == "item" else "a"
+            raise RecommendError(f"{prepared_dir} is not one prepared dataset: {unlisted} event(s) name {article} "
+                                 f"{code} that {code}s.parquet lacks; {rebuild}")
+    return prepared
 
 
 # --- scoring with one checkpoint ---------------------------------------------------------------------------
@@ -266,11 +286,25 @@ def recommend_for_user(
 # --- who answers -----------------------------------------------------------------------------------------
 
 
+def _baseline_reason(registry: Any, version: int) -> str:
+    """Why the baseline champion answers: nothing has passed the gate yet, or the champion was rolled back to
+    it after a model had (the newest such is named)."""
+    baselines = {v.version for v in registry.list_versions() if v.is_baseline}
+    gated = [e.candidate_version for e in registry.history()
+             if e.decision == "promoted" and e.candidate_version not in baselines]
+    if not gated:
+        return f"no model has passed the gate yet: baseline champion v{version} answers"
+    return (f"baseline champion v{version} answers: the champion was rolled back to it (v{gated[-1]} passed the "
+            "gate; `recsys registry history` says when)")
+
+
 def answer(
     registry: Any, prepared_dir: Path, k: int, at_time: int | None, *,
-    user: str | None = None, history: list[str] | None = None,
+    user: str | None = None, history: list[str] | None = None, registry_label: str | None = None,
 ) -> Answer:
-    """Serve one request from the champion, or say why popularity answers instead (module docstring)."""
+    """Serve one request from the champion, or say why popularity answers instead (module docstring).
+    `registry_label` (the registry's URL, password masked) is named when no champion is registered: a typo in
+    registry.url reads as an empty registry, and the answer should say which one it read."""
     from recsys.checkpoint import load_model
 
     prepared = read_prepared(prepared_dir, required=user is not None)
@@ -287,7 +321,8 @@ def answer(
             "nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
             "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and "
             "registers one — or `dvc repro` then `recsys registry promote --model mostpop`"))
-        result.reason = f"popularity fallback: no champion is registered yet; {result.reason}{stranger}"
+        where = f" in {registry_label}" if registry_label else ""
+        result.reason = f"popularity fallback: no champion is registered yet{where}; {result.reason}{stranger}"
         return _with_items(result, ranked, prepared)
 
     champion = registry.champion_info()
@@ -295,8 +330,8 @@ def answer(
     model, meta = load_model(checkpoint)
     result = Answer(
         source=BASELINE_CHAMPION if champion.is_baseline else CHAMPION,
-        reason=(f"no model has passed the gate yet: baseline champion v{champion.version} answers{stranger}"
-                if champion.is_baseline else f"champion v{champion.version} answers"),
+        reason=(_baseline_reason(registry, champion.version) + stranger if champion.is_baseline
+                else f"champion v{champion.version} answers"),
         model_version=champion.version, architecture=champion.architecture,
         champion_version=champion.version, k=k, at=at, user=user, history=history,
     )

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from test_registry_cli import _prepared, invoke, open_from, write_params
 from test_registry_support import make_eval
 
 from recsys.commands.recommend import app as recommend_app
+from recsys.recommend import MAX_K
 
 ANSWER_KEYS = {"source", "reason", "model_version", "architecture", "champion_version", "k", "at", "user",
                "history", "skipped_items", "recommendations", "empty_because"}
@@ -138,10 +140,19 @@ def test_request_errors_are_one_line(tmp_path):
     empty = invoke(recommend_app, "--history", "m1,,m2", "--params", str(params_path))
     nobody = invoke(recommend_app, "--user", "", "--params", str(params_path))
     when = invoke(recommend_app, "--user", "alice", "--at", "yesterday", "--params", str(params_path))
+    # Valid ISO-8601 that UTC cannot hold: it was "error: year 0 is out of range", exit 1, after the registry
+    # was opened.
+    too_early = invoke(recommend_app, "--user", "alice", "--at", "0001-01-01T00:00:00+01:00",
+                       "--params", str(params_path))
+    too_late = invoke(recommend_app, "--history", "m1", "--at", "9999-12-31T23:59:59-23:59",
+                      "--params", str(params_path))
     for result, code, fragment in ((both, 2, "exactly one of --user ID or --history I1,I2,... (see"),
                                    (neither, 2, "exactly one of"),
                                    (empty, 2, "'m1,,m2'"), (nobody, 2, "--user is empty"),
-                                   (when, 2, "--at 'yesterday' is not an ISO-8601 time")):
+                                   (when, 2, "--at 'yesterday' is not an ISO-8601 time"),
+                                   (too_early, 2, ("--at '0001-01-01T00:00:00+01:00' is outside the years 1 "
+                                                   "to 9999 in UTC")),
+                                   (too_late, 2, "--at '9999-12-31T23:59:59-23:59' is outside the years")):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
         # a command line that does not parse names the command and where its help is, as Click's refusals do
@@ -165,7 +176,8 @@ def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tm
         assert answer["source"] == "popularity_fallback"
         assert answer["champion_version"] is None and answer["model_version"] is None
         assert answer["architecture"] == "dataset popularity"
-        assert answer["reason"].startswith("popularity fallback: no champion is registered yet; item popularity")
+        assert answer["reason"].startswith("popularity fallback: no champion is registered yet in "
+                                           "sqlite:///registry/registry.db; item popularity")
         assert {r["item_id"] for r in answer["recommendations"]} == expected  # seen items never shown
         assert "not in the prepared dataset" not in answer["reason"]
     typo = recommend_json(params_path, "--user", "alcie", "-k", "3")
@@ -174,8 +186,9 @@ def test_before_anything_is_registered_dataset_popularity_answers_and_says_so(tm
     text = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
     assert text.exit_code == 0
     assert text.output.splitlines()[0] == ("top 10 for user alice from dataset popularity [popularity_fallback]: "
-                                           "popularity fallback: no champion is registered yet; item popularity in "
-                                           "the prepared dataset answers (no baseline version is registered)")
+                                           "popularity fallback: no champion is registered yet in "
+                                           "sqlite:///registry/registry.db; item popularity in the prepared "
+                                           "dataset answers (no baseline version is registered)")
 
 
 def test_a_user_with_nothing_the_champion_can_score_gets_popularity_not_padding_scores(tmp_path):
@@ -231,3 +244,54 @@ def test_dataset_popularity_reports_the_history_items_the_dataset_lacks(tmp_path
     assert text.output.splitlines()[-1] == ("note: skipped 2 history item(s) unknown to the prepared dataset: "
                                             "m33, new-item")
     assert recommend_json(params_path, "--history", "m1,m3")["skipped_items"] == []
+
+
+BAD_COUNTS = ["1.0", " 3", "2 ", "+2", "1_0", "0", "-1", "01", "1e3", "", "٣", "1001"]
+
+
+@pytest.mark.parametrize("bad", BAD_COUNTS)
+def test_k_is_parsed_strictly(tmp_path, bad):
+    """Click's int took "1.0", " 3", "+2" and "1_0" (as 10); -k is a plain whole number from 1 to MAX_K."""
+    params_path = setup(tmp_path, with_champion=False)
+    result = invoke(recommend_app, "--user", "alice", "-k", bad, "--params", str(params_path))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0] == (f"error: recsys recommend: -k {bad!r} is not a whole number from 1 to {MAX_K} "
+                        "(see 'recsys recommend --help')")
+    assert recommend_json(params_path, "--user", "alice", "-k", str(MAX_K))["k"] == MAX_K
+
+
+def test_after_a_rollback_to_the_baseline_the_answer_says_a_model_had_passed(tmp_path):
+    """It said "no model has passed the gate yet" although v2 had: the reason comes from the history."""
+    params_path = setup(tmp_path, with_champion=True)
+    with open_from(params_path) as reg:
+        reg.rollback()
+    answer = recommend_json(params_path, "--user", "alice", "-k", "2")
+    assert answer["source"] == "baseline_champion" and answer["champion_version"] == 1
+    assert answer["reason"] == ("baseline champion v1 answers: the champion was rolled back to it (v2 passed the "
+                                "gate; `recsys registry history` says when)")
+
+
+@pytest.mark.parametrize("damage", ["users without user_id", "items without item_id", "events without timestamp",
+                                    "an item items.parquet lacks"])
+def test_a_prepared_folder_that_is_not_a_prepared_dataset_is_one_line(tmp_path, damage):
+    """A wrong or stale --prepared was a KeyError traceback, a multi-line Arrow error, or blank item ids."""
+    import pandas as pd
+
+    params_path = setup(tmp_path, with_champion=True)
+    prepared = tmp_path / "artifacts" / "prepared"
+    name, column = {"users without user_id": ("users", "user_id"), "items without item_id": ("items", "item_id"),
+                    "events without timestamp": ("events", "timestamp"),
+                    "an item items.parquet lacks": ("items", None)}[damage]
+    table = pd.read_parquet(prepared / f"{name}.parquet")
+    table = table.drop(columns=[column]) if column else table[table["item_id"] != "m4"]
+    table.to_parquet(prepared / f"{name}.parquet")
+    result = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    if column:
+        assert lines[0] == (f"error: {prepared / name}.parquet is not a prepared dataset's: it lacks column(s) "
+                            f"{column}; point --prepared at prepare's output, or `recsys bootstrap && dvc repro "
+                            "prepare` builds it (the flows and `bash scripts/demo.sh` do)")
+    else:
+        assert lines[0].startswith(f"error: {prepared} is not one prepared dataset: 1 event(s) name an item")

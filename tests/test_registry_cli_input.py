@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from pg import pg_server, pg_url  # noqa: F401  (fixtures)
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from test_registry_cli import MOSTPOP, invoke, open_from
 from test_registry_support import make_checkpoint, make_eval
 
@@ -147,3 +147,38 @@ def test_postgresql_failures_are_one_line_naming_the_input(tmp_path, pg_server, 
     line = one_line(listed)
     assert listed.exit_code == 1 and line.startswith("error: cannot list versions: the registry database failed")
     assert "no_such_database" in line
+
+
+BAD_COUNTS = ["1.0", " 3", "2 ", "+2", "1_0", "0", "-1", "01", "1e3", "", "٣", str(MAX_VERSION + 1)]
+
+
+@pytest.mark.parametrize("bad", BAD_COUNTS)
+def test_history_limit_is_parsed_strictly(tmp_path, bad):
+    """`-n 9223372036854775808` was an OverflowError traceback from SQLite; "1.0" and "+2" were taken."""
+    params_path = write_params(tmp_path)
+    result = invoke(registry_app, "history", "-n", bad, "--params", str(params_path))
+    assert result.exit_code == 2
+    assert one_line(result) == (f"error: recsys registry history: --limit {bad!r} is not a whole number from 1 "
+                                f"to {MAX_VERSION} (see 'recsys registry history --help')")
+    assert not (tmp_path / "registry").exists()  # refused before the registry was even opened
+    largest = invoke(registry_app, "history", "-n", str(MAX_VERSION), "--params", str(params_path))
+    assert largest.exit_code == 0 and "no promotion events yet" in largest.output
+
+
+@pytest.mark.parametrize("args", [("list",), ("history",), ("show", "1")])
+def test_a_registry_migrated_by_a_newer_recsys_is_one_line(tmp_path, args):
+    """A shared registry a colleague's newer recsys migrated: Alembic's "Can't locate revision" traceback was
+    all every command said; this code must neither read nor write that schema."""
+    from recsys.registry.db import VERSION_TABLE
+
+    params_path = write_params(tmp_path)
+    with open_from(params_path) as reg, reg.engine.begin() as conn:
+        conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = :rev"), {"rev": "0099_future"})
+    result = invoke(registry_app, *args, "--params", str(params_path))
+    assert result.exit_code == 1
+    line = one_line(result)
+    assert "'0099_future', which this recsys does not know" in line and "upgrade recsys" in line, line
+    engine = create_engine(f"sqlite:///{tmp_path / 'registry' / 'registry.db'}")
+    with engine.connect() as conn:  # left as it was: no downgrade, no write
+        assert conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == "0099_future"
+    engine.dispose()

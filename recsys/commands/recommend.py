@@ -22,11 +22,13 @@ from recsys.commands.registry import (
     expected_errors,
     fail,
     open_from_params,
+    parse_count,
     refuse_usage,
+    registry_label,
 )
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
-from recsys.recommend import NOTHING_COUNTED, Answer, RecommendError, answer, parse_history, parse_time
+from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, answer, parse_history, parse_time
 
 
 def _print(result: Answer) -> None:
@@ -52,7 +54,7 @@ def recommend_command(
     history: Annotated[
         str | None, typer.Option("--history", help="Raw item ids, oldest first, comma-separated.")
     ] = None,
-    k: Annotated[int, typer.Option("-k", "--k", min=1, max=1000, help="How many items.")] = 10,
+    k: Annotated[str, typer.Option("-k", "--k", help=f"How many items (1 to {MAX_K}).")] = "10",
     at: Annotated[str | None, typer.Option("--at", help="Recommend as of this ISO-8601 time (UTC).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable answer.")] = False,
     prepared: Annotated[
@@ -67,6 +69,7 @@ def recommend_command(
         refuse_usage("recsys recommend", "give exactly one of --user ID or --history I1,I2,...")
     if user is not None and not user.strip():
         refuse_usage("recsys recommend", "--user is empty: give a raw user id, as in the dataset")
+    count = parse_count(k, "recsys recommend", "-k", MAX_K)
     try:
         at_time = parse_time(at) if at is not None else None
         items = parse_history(history) if history is not None else None
@@ -77,7 +80,8 @@ def recommend_command(
         root = Path(params).resolve().parent
         prepared_dir = prepared if prepared is not None else Layout(root).prepared
         try:
-            result = answer(registry, prepared_dir, k, at_time, user=user, history=items)
+            result = answer(registry, prepared_dir, count, at_time, user=user, history=items,
+                            registry_label=registry_label(params))
         except (RecommendError, CheckpointError, ValueError) as err:
             fail(str(err))
         except expected_errors() as err:

@@ -52,6 +52,14 @@ def parse_version(text: str, command: str, what: str = "version") -> int:
     return int(text)
 
 
+def parse_count(text: str, command: str, option: str, most: int = MAX_VERSION) -> int:
+    """A count option of `command` (`-k`, `-n`): a whole number from 1 to `most`, written plainly. Click's
+    int takes "+2", " 3", "1_0" and any size (one past SQLite's INTEGER was a traceback from `history -n`)."""
+    if not _VERSION.fullmatch(text) or int(text) > most:
+        refuse_usage(command, f"{option} {text!r} is not a whole number from 1 to {most}")
+    return int(text)
+
+
 def expected_errors() -> tuple[type[Exception], ...]:
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -76,6 +84,14 @@ def describe(err: Exception, doing: str, url: str | None = None) -> str:
         detail = detail.split(" [SQL:")[0].split("(Background on this error")[0].strip()
     where = f" (registry {masked_url(url)})" if url else ""
     return f"{doing}: the registry database failed{where}: {detail}"
+
+
+def registry_label(params_path: Path) -> str:
+    """The registry params.yaml (or RECSYS_REGISTRY_URL) names, as a message may show it (password masked)."""
+    from recsys.registry import registry_url
+    from recsys.registry.db import masked_url
+
+    return masked_url(registry_url(load_params(params_path).registry))
 
 
 @contextmanager
@@ -173,12 +189,13 @@ def show(version: Annotated[str, typer.Argument(help="Version number.", metavar=
 
 @app.command("history")
 def history(
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show the last N events.")] = 50,
+    limit: Annotated[str, typer.Option("--limit", "-n", help="Show the last N events.")] = "50",
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
     """Promotion decisions and rollbacks, oldest first, each with its reason."""
+    count = parse_count(limit, "recsys registry history", "--limit")
     with open_from_params(params, "cannot read the promotion history", read_only=True) as registry:
-        events = registry.history(limit)
+        events = registry.history(count)
         if not events:
             typer.echo("no promotion events yet")
             return

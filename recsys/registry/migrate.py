@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from recsys.registry.db import VERSION_TABLE
+from recsys.registry.records import RegistryError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Any constant works; it only has to be the same in every process that migrates this database.
@@ -41,9 +42,22 @@ def head_revision() -> str | None:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     # The common case — already at head — is answered by a plain read, without taking the write lock.
-    if revision == "head" and current_revision(engine) == head_revision():
+    current = current_revision(engine)
+    if revision == "head" and current == head_revision():
         return
+    if current is not None and current not in known_revisions():
+        # A newer recsys migrated it (a colleague's upgrade of a shared registry): Alembic would say "Can't
+        # locate revision" with a traceback; this code cannot read that schema, and must not write it.
+        raise RegistryError(f"the registry's schema is at revision {current!r}, which this recsys does not know "
+                            f"(its newest is {head_revision()!r}): a newer recsys migrated it; upgrade recsys "
+                            "to use this registry")
     _run(engine, "upgrade", revision)
+
+
+def known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
