@@ -206,11 +206,11 @@ def retrain(
 
 
 def check_command_line(repo_root: str, models: list[str] | None) -> None:
-    """`run_main`'s precheck for this flow's and the pipeline's command lines: the repository and the models
-    the flow's first steps would refuse (`workspace_root`, `select_models`)."""
+    """`run_main`'s precheck for this flow's and the pipeline's command lines: the repository, its params.yaml
+    and the models the flow's first steps would refuse (`workspace_root`, `load_params`, `select_models`) —
+    one line before Prefect's server starts and a failed flow run is recorded."""
     root = workspace_root(repo_root)
-    if models is not None:
-        select_models(load_params(Layout(root).params), models)
+    select_models(load_params(Layout(root).params), models)
 
 
 def epochs_argument(text: str) -> int:

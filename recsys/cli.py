@@ -88,7 +88,7 @@ def data_generate(
 
 @data_app.command("batch")
 def data_batch(
-    index: int = typer.Argument(1, help="batch number (1, 2, …): later batches cover later periods"),
+    index: str = typer.Argument("1", help="batch number (1, 2, …): later batches cover later periods"),
     out: Optional[str] = typer.Option(None, help="file to write (default: inbox/generated-<index>.csv)"),
     params: Path = PARAMS,
 ) -> None:
@@ -96,13 +96,17 @@ def data_batch(
     from recsys.atomic import write_text_atomic
     from recsys.data import batch_index_problem, generate_batch
 
+    if not re.fullmatch(r"-?(0|[1-9][0-9]*)", index):  # Click's int took "1.0", "+1", " 3" and "1_0" (as 10)
+        raise typer.BadParameter(f"{index!r} is not a whole number written plainly (1, 2, …)",
+                                 param_hint="'INDEX'")
+    number = int(index)
     chosen = file_option(out) if out is not None else None
     loaded = load_params(params)
-    problem = batch_index_problem(loaded.generate, index)
+    problem = batch_index_problem(loaded.generate, number)
     if problem:  # a value of the command line's, out of its range: a usage error, before anything is created
         raise typer.BadParameter(problem.removeprefix("batch index "), param_hint="'INDEX'")
-    target = chosen or Path(loaded.ingest.inbox) / f"generated-{index:04d}.csv"
-    frame = generate_batch(loaded.generate, index)
+    target = chosen or Path(loaded.ingest.inbox) / f"generated-{number:04d}.csv"
+    frame = generate_batch(loaded.generate, number)
     target.parent.mkdir(parents=True, exist_ok=True)
     # whole or absent: an ingest that finds the file in the inbox never reads half a batch
     write_text_atomic(target, frame.to_csv(index=False, lineterminator="\n"), target.parent)
@@ -122,6 +126,11 @@ def data_download(
 
     if name not in MOVIELENS:  # a command line that does not parse: before anything is fetched
         raise typer.BadParameter(f"{name!r} is not one of {' | '.join(MOVIELENS)}", param_hint="'NAME'")
+    if url is not None and not url.strip():  # "" fell back to the official archive
+        raise typer.BadParameter("is empty: leave it out for the official archive", param_hint="'--url'")
+    if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):  # "" fell back to MD5; a typo
+        # was found only after the whole download
+        raise typer.BadParameter(f"{sha256!r} is not a sha256 (64 hex digits)", param_hint="'--sha256'")
     folder = folder_option(dest, "--dest")
     typer.echo(f"extracted into {download_movielens(name, folder, url=url, sha256=sha256)}")
 

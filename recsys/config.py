@@ -185,6 +185,11 @@ class RegistryConfig:
 
     def __post_init__(self) -> None:  # "" would store artifacts in the repository root itself
         require(self.artifact_root != "", "artifact_root", self.artifact_root, "a folder path", "registry")
+        # Checked here, not first when the registry opens (after a retrain flow's training, say)
+        require(self.url.strip() != "", "url", self.url,
+                "a database URL (leave the key out for the SQLite default)", "registry")
+        require(bool(NAME_PATTERN.fullmatch(self.model_name)), "model_name", self.model_name,
+                "lowercase letters, digits and _ (max 64), starting with a letter", "registry")
 
 
 @dataclass(frozen=True)
@@ -241,12 +246,23 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+_YAML12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
 def _coerce(cls_name: str, key: str, hint: Any, value: Any) -> Any:
     origin = get_origin(hint)
     where = f"{cls_name}.{key}"
     if origin is Literal:
-        if value not in get_args(hint):
-            raise ConfigError(f"{where}: {value!r} is not one of {list(get_args(hint))}")
+        allowed = get_args(hint)
+        if isinstance(value, bool) and {"on", "off"} <= set(allowed):
+            value = "on" if value else "off"  # YAML 1.1 reads an unquoted on/off (yes/no) as true/false
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in value.items()):
+            raise ConfigError(f"{where}: expected a mapping of names to names (from: to), got {value!r}")
         return value
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -262,6 +278,8 @@ def _coerce(cls_name: str, key: str, hint: Any, value: Any) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if hint is float:
+        if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):
+            return float(value)  # `1e-3`: a number to YAML 1.2 (and DVC), a string to PyYAML's YAML 1.1
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
@@ -286,7 +304,7 @@ def build_dataclass(cls: type, raw: dict[str, Any] | None, section: str | None =
         raise ConfigError(f"{section}.{key}: {value!r} no longer exists: {why}")
     hints = get_type_hints(cls)
     known = {f.name for f in fields(cls) if f.init}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known, key=str)  # (YAML may give a key that is no string: `on:` is True)
     if unknown:
         raise ConfigError(f"{section}: unknown key(s) {unknown}; known keys are {sorted(known)}")
     values = {k: _coerce(section, k, hints[k], v) for k, v in raw.items()}
@@ -306,6 +324,8 @@ def parse_params(raw: dict[str, Any]) -> Params:
     if not isinstance(models, list) or not models:
         raise ConfigError("models: expected a non-empty list of model names")
     for name in models:
+        if not isinstance(name, str):  # `- sasrec:` (a mapping) was an "unhashable type" traceback
+            raise ConfigError(f"models: expected model names, got {name!r}; write `models: [mostpop, sasrec]`")
         if name not in MODEL_CONFIGS:
             raise ConfigError(f"models: unknown model {name!r}; available: {sorted(MODEL_CONFIGS)}")
     if len(set(models)) != len(models):
@@ -329,7 +349,7 @@ def parse_params(raw: dict[str, Any]) -> Params:
             merged = {**dataclasses.asdict(sections["train"]), **train_override}
             model_train[name] = build_dataclass(TrainConfig, merged, f"{name}.train")
     if raw:
-        raise ConfigError(f"unknown section(s) {sorted(raw)} in params.yaml")
+        raise ConfigError(f"unknown section(s) {sorted(raw, key=str)} in params.yaml")
     ks, metric = sections["evaluate"].ks, sections["gate"].metric
     if metric not in gate_metrics(ks):  # else every candidate is refused for want of the metric
         raise ConfigError(f"gate.metric {metric!r} is not a metric the evaluate stage writes: with "
@@ -360,9 +380,30 @@ def read_params(path: str | Path = DEFAULT_PARAMS) -> Any:
         raise ConfigError(f"params file {path} is not UTF-8 text: byte 0x{data[err.start]:02x} on line "
                           f"{line}; save it as UTF-8 (or pass --params PATH)") from err
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from err
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key written twice in one mapping: PyYAML keeps the last silently, while DVC
+    refuses the file — `recsys train` and `dvc repro` would read different settings."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges; its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                break
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping (first on line {first.line + 1}): keep "
+                    "one", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

@@ -17,6 +17,7 @@ import urllib.request
 import zipfile
 import dataclasses
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -258,8 +259,7 @@ def generate(config: GenerateConfig) -> Generated:
     rank_in_chain = np.empty(n_items, dtype=np.int64)
     for chain in chains:
         rank_in_chain[chain] = np.arange(len(chain))
-    start = pd.Timestamp(config.start).tz_convert("UTC") if pd.Timestamp(config.start).tzinfo else pd.Timestamp(config.start, tz="UTC")
-    t0 = int(start.timestamp())
+    t0 = int(_utc(config.start).timestamp())
     horizon = config.days * 86400
 
     users, items, times = [], [], []
@@ -335,8 +335,10 @@ BATCH_HORIZON = pd.Timestamp("2200-01-01", tz="UTC")  # no generated batch reach
 
 
 def _utc(stamp: str) -> pd.Timestamp:
-    start = pd.Timestamp(stamp)
-    return start.tz_convert("UTC") if start.tzinfo else start.tz_localize("UTC")
+    """generate.start in UTC, read by the parser GenerateConfig checks it with: pandas' own takes other forms
+    and refuses some of Python's ("2024-W01-1" passed the check, then was a DateParseError traceback here)."""
+    moment = datetime.fromisoformat(stamp)
+    return pd.Timestamp(moment if moment.tzinfo else moment.replace(tzinfo=UTC)).tz_convert("UTC")
 
 
 def batch_index_problem(config: GenerateConfig, index: int) -> str | None:

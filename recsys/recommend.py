@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -140,7 +140,7 @@ def parse_time(value: str) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     try:  # the answer says its time in UTC: a zone that moves it past year 1 or 9999 has no such time
-        moment.astimezone(timezone.utc)
+        moment.astimezone(UTC)
     except (OverflowError, ValueError) as err:
         raise RecommendError(f"--at {value!r} is outside the years 1 to 9999 in UTC") from err
     return int(moment.timestamp())

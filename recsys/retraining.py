@@ -40,6 +40,8 @@ def listed_models(params: Params, models: Sequence[str] | None) -> list[str]:
     if unknown:
         raise ConfigError(f"model(s) {unknown} are not in params.yaml `models` {list(params.models)}; add them "
                           "there or choose among those")
+    if twice := sorted({m for m in selected if selected.count(m) > 1}):  # a fan-out would hand one out twice
+        raise ConfigError(f"model(s) {twice} are named more than once; name each once")
     return selected
 
 

@@ -282,6 +282,34 @@ def test_data_download_refuses_an_empty_or_file_dest_before_fetching(monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
+@pytest.mark.parametrize("option, value, says", [
+    ("--url", "", "Invalid value for '--url': is empty: leave it out for the official archive"),  # was the default
+    ("--sha256", "", "Invalid value for '--sha256': '' is not a sha256 (64 hex digits)"),  # was MD5 instead
+    ("--sha256", "nothex", "Invalid value for '--sha256': 'nothex' is not a sha256"),  # was found after the fetch
+    ("--sha256", "0" * 63, f"Invalid value for '--sha256': '{'0' * 63}' is not a sha256"),
+])
+def test_data_download_refuses_an_empty_url_or_a_malformed_sha256_before_fetching(monkeypatch, capsys, tmp_path,
+                                                                                 option, value, says):
+    args = {"--url": (tmp_path / "absent.zip").as_uri(), "--sha256": "0" * 64, option: value}
+    code, out, err = run_cli(monkeypatch, capsys, "data", "download", "movielens-1m", "--dest",
+                             str(tmp_path / "ml"), *[x for pair in args.items() for x in pair])
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"recsys data download: {says}")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("index", ["1.0", "+1", " 3", "3 ", "1_0", "01", "٣", "1e3"])
+def test_data_batch_index_is_a_plain_whole_number(monkeypatch, capsys, tmp_path, write_params, index):
+    """Click's int took all of these ("1_0" as batch 10); the flows and the registry commands refuse them."""
+    params = write_params()
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, "data", "batch", "--params", str(params), "--", index)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"recsys data batch: Invalid value for 'INDEX': {index!r} is not a whole number "
+                               "written plainly (1, 2, …)", "(see 'recsys data batch --help')")
+    assert not (tmp_path / "inbox").exists()
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["train", "--no-such-option"], "recsys train: No such option: --no-such-option"),
     (["train"], "recsys train: Missing option '--model'"),

@@ -297,6 +297,7 @@ def test_model_train_override_must_be_a_mapping():
     (["sasrec", "sasrec"], "duplicate"),
     ([], "non-empty"),
     ("sasrec", "non-empty list"),
+    ([{"sasrec": None}], re.escape("expected model names, got {'sasrec': None}")),  # `- sasrec:`: a traceback
 ])
 def test_models_list_is_checked(models, message):
     with pytest.raises(ConfigError, match=message):
@@ -374,6 +375,11 @@ def test_a_params_file_that_is_not_utf8_is_one_line_naming_the_byte_and_its_line
                              "flow mapping from line 1, column 8)")),
     ("train:\n\tepochs: 3\n", "line 2, column 1: found character '\\t' that cannot start any token"),
     ("train: epochs: 3\n", "line 1, column 14: mapping values are not allowed here"),
+    # PyYAML kept the last silently while DVC refuses the file: `recsys train` and `dvc repro` disagreed
+    ("sasrec:\n  dim: 128\n  dim: 64\n", ("line 3, column 3: key 'dim' appears twice in one mapping (first on "
+                                          "line 2): keep one")),
+    ("train: {lr: 0.1}\ntrain: {lr: 0.2}\n", ("line 2, column 1: key 'train' appears twice in one mapping (first "
+                                              "on line 1): keep one")),
 ])
 def test_invalid_yaml_is_one_line_with_the_line_column_and_problem(tmp_path, text, where):
     """It was pyyaml's 7-line message with its caret diagrams."""
@@ -396,3 +402,58 @@ def test_validate_name_accepts(name):
 def test_validate_name_refuses(name):
     with pytest.raises(ConfigError, match="invalid model"):
         validate_name(name, "model name")
+
+
+def test_a_merge_key_may_be_overridden_without_counting_as_a_duplicate(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("sasrec:\n  <<: {dim: 32, n_layers: 3}\n  dim: 64\n")
+    config = load_params(path).model_config("sasrec")
+    assert (config.dim, config.n_layers) == (64, 3)
+
+
+@pytest.mark.parametrize("raw, message", [
+    # YAML reads an unquoted `on:` as True: sorting it beside a string key was a TypeError traceback
+    ({"train": {True: 1, "epochz": 3}}, "train: unknown key(s) [True, 'epochz']"),
+    ({"zzz": 1, 1: 2}, "unknown section(s) [1, 'zzz'] in params.yaml"),
+    # a list or a word where a mapping belongs was an AttributeError traceback or a list of its letters
+    ({"ingest": {"column_mapping": ["user_id"]}},
+     "ingest.column_mapping: expected a mapping of names to names (from: to), got ['user_id']"),
+    ({"ingest": {"column_mapping": "user_id"}},
+     "ingest.column_mapping: expected a mapping of names to names (from: to), got 'user_id'"),
+    ({"ingest": {"column_mapping": {"user_id": 5}}}, "ingest.column_mapping: expected a mapping of names to names"),
+    # registry settings are checked when params.yaml is read, not first when a flow opens the registry
+    ({"registry": {"model_name": "Next-Item"}},
+     ("registry.model_name must be lowercase letters, digits and _ (max 64), starting with a letter, got "
+      "'Next-Item'")),
+    ({"registry": {"url": " "}}, "registry.url must be a database URL"),
+])
+def test_malformed_sections_are_one_sentence(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_yaml_1_1_spellings_read_as_written(tmp_path):
+    """Unquoted `off` is false to PyYAML (YAML 1.1) and `1e-3` a string; DVC (YAML 1.2) reads `1e-3` as a
+    number. Both were refused ("True is not one of ['auto', 'on', 'off']", "expected a number, got '1e-3'")."""
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  progress: off\n  lr: 1e-3\n  weight_decay: .5E+1\n"
+                    "sasrec:\n  train:\n    progress: on\n")
+    params = load_params(path)
+    assert (params.train.progress, params.train.lr, params.train.weight_decay) == ("off", 0.001, 5.0)
+    assert params.train_config("sasrec").progress == "on"
+    path.write_text("train:\n  lr: 1e-3x\n")
+    with pytest.raises(ConfigError, match=re.escape("train.lr: expected a number, got '1e-3x'")):
+        load_params(path)
+    path.write_text("train:\n  epochs: 1e3\n")  # an integer setting takes no float spelling
+    with pytest.raises(ConfigError, match="train.epochs: expected an integer"):
+        load_params(path)
+
+
+def test_generate_start_is_read_by_the_parser_that_checked_it():
+    """An ISO week date passed GenerateConfig's check, then pandas could not parse it (a traceback)."""
+    from recsys.data import generate
+
+    week = generate(GenerateConfig(start="2024-W01-1", n_users=20, n_items=10, n_clusters=2, days=5))
+    day = generate(GenerateConfig(start="2024-01-01T00:00:00Z", n_users=20, n_items=10, n_clusters=2, days=5))
+    assert week.interactions.equals(day.interactions)

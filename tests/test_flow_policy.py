@@ -195,6 +195,8 @@ def test_the_rejection_line_says_rejected_once_per_batch(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["flows.retrain", "--models", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
     (["flows.pipeline", "--models", "sasrec", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
+    # a fan-out handed the model out twice and lost the first run's id
+    (["flows.retrain", "--models", "sasrec", "sasrec"], "model(s) ['sasrec'] are named more than once"),
     (["flows.pipeline", "--inbox", "missing"], "inbox missing is not a folder"),
     (["flows.ingest", "--inbox", "missing"], "inbox missing is not a folder"),
     (["flows.ingest", "--inbox", "."], "inbox {repo} is the repository root"),
@@ -215,6 +217,19 @@ def test_a_flow_command_line_the_flow_would_refuse_is_refused_before_a_server_st
     assert done.stdout == "" and done.stderr.startswith(f"error: {message.format(repo=repo)}"), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert not list((tmp_path / "prefect-home").rglob("*.db"))  # no temporary server, no flow run
+
+
+@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
+def test_a_params_file_the_flow_would_refuse_is_refused_before_a_server_starts(module, tmp_path):
+    """Without --models the precheck read no params.yaml: a misspelt key started Prefect's server first."""
+    repo = (tmp_path / "repo").resolve()
+    repo.mkdir()
+    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text() + "\ntrain_typo: 1\n")
+    done = subprocess.run([sys.executable, "-m", module, "--repo-root", "."], cwd=repo, env=flow_env(tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    assert done.stderr == "error: unknown section(s) ['train_typo'] in params.yaml\n", done.stderr
+    assert not list((tmp_path / "prefect-home").rglob("*.db"))
 
 
 def test_the_flows_epochs_option_is_bounded_as_train_epochs_is():
