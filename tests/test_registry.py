@@ -430,8 +430,15 @@ INJECTION = "x'; DROP TABLE model_versions;--"
 
 
 def test_injection_in_model_name_is_refused(tmp_path):
+    """Refused when the settings are built (params.yaml's load), and again by the registry itself for any
+    settings object that got past that."""
+    import dataclasses
+
     config = registry_config(tmp_path)
-    bad = type(config)(url=config.url, artifact_root=config.artifact_root, model_name=INJECTION)
+    with pytest.raises(ValueError, match="registry.model_name must be lowercase letters"):
+        type(config)(url=config.url, artifact_root=config.artifact_root, model_name=INJECTION)
+    bad = dataclasses.replace(config)
+    object.__setattr__(bad, "model_name", INJECTION)  # past the settings' own check
     with pytest.raises(ConfigError, match="invalid"):
         open_registry(bad, tmp_path)
 

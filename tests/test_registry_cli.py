@@ -101,7 +101,7 @@ def test_registry_command_errors_are_one_clear_line(tmp_path, params_path):
     bad.mkdir()
     (bad / "params.yaml").write_text(f"models: [mostpop]\nregistry:\n  model_name: \"{INJECTION}\"\n")
     refused = invoke(registry_app, "list", "--params", str(bad / "params.yaml"))
-    assert refused.exit_code == 1 and "invalid" in refused.output
+    assert refused.exit_code == 1 and "registry.model_name must be lowercase letters" in refused.output
     no_champion = invoke(registry_app, "rollback", "--params", str(params_path))
     assert no_champion.exit_code == 1 and "no champion" in no_champion.output
 
