@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -129,28 +129,6 @@ class Answer:
     skipped_items: list[str] = field(default_factory=list)  # history items the answerer never saw
     recommendations: list[Recommendation] = field(default_factory=list)
     empty_because: str | None = None  # NOTHING_COUNTED | HISTORY_COVERS_ALL when `recommendations` is empty
-
-
-def parse_time(value: str) -> int:
-    """ISO-8601 → UTC seconds; a time without a zone is taken as UTC."""
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as err:
-        raise RecommendError(f"--at {value!r} is not an ISO-8601 time (e.g. 2024-05-01T12:00:00Z)") from err
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    try:  # the answer says its time in UTC: a zone that moves it past year 1 or 9999 has no such time
-        moment.astimezone(UTC)
-    except (OverflowError, ValueError) as err:
-        raise RecommendError(f"--at {value!r} is outside the years 1 to 9999 in UTC") from err
-    return int(moment.timestamp())
-
-
-def parse_history(value: str) -> list[str]:
-    items = [part.strip() for part in value.split(",")]
-    if not items or any(not item for item in items):
-        raise RecommendError(f"--history {value!r}: expected raw item ids separated by commas, e.g. i1,i2,i3")
-    return items
 
 
 # --- the prepared dataset ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +29,29 @@ from recsys.commands.registry import (
 )
 from recsys.config import DEFAULT_PARAMS
 from recsys.layout import Layout
-from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, answer, parse_history, parse_time
+from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, answer
+
+
+def parse_time(value: str) -> int:
+    """`--at`: ISO-8601 → UTC seconds; a time without a zone is taken as UTC."""
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as err:
+        raise RecommendError(f"--at {value!r} is not an ISO-8601 time (e.g. 2024-05-01T12:00:00Z)") from err
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:  # the answer says its time in UTC: a zone that moves it past year 1 or 9999 has no such time
+        moment.astimezone(UTC)
+    except (OverflowError, ValueError) as err:
+        raise RecommendError(f"--at {value!r} is outside the years 1 to 9999 in UTC") from err
+    return int(moment.timestamp())
+
+
+def parse_history(value: str) -> list[str]:
+    items = [part.strip() for part in value.split(",")]
+    if not items or any(not item for item in items):
+        raise RecommendError(f"--history {value!r}: expected raw item ids separated by commas, e.g. i1,i2,i3")
+    return items
 
 
 def _print(result: Answer) -> None:
