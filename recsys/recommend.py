@@ -89,8 +89,8 @@ def recommend(
 
 
 CHAMPION, BASELINE_CHAMPION, POPULARITY_FALLBACK = "champion", "baseline_champion", "popularity_fallback"
-# Why an answer has no items (`Answer.empty_because`; None when it has some):
 MAX_K = 1000  # the most items one answer lists (`recsys recommend -k`)
+# Why an answer has no items (`Answer.empty_because`; None when it has some):
 NOTHING_COUNTED = "nothing_counted"  # dataset popularity with no events up to `--at`
 HISTORY_COVERS_ALL = "history_covers_all"  # every item the answer could rank is in the history
 
