@@ -248,9 +248,10 @@ def without_registry_password(params_text: str) -> str:
         parsed = make_url(node.value)
     except ArgumentError:
         return params_text  # not a URL the registry could open either: it says so where it is opened
-    if parsed.password is None:
+    secret = {k: "***" for k in parsed.query if "password" in k.lower()}  # ?password=… reaches the driver too
+    if parsed.password is None and not secret:
         return params_text
-    hidden = parsed.render_as_string(hide_password=True)
+    hidden = parsed.update_query_dict(secret).render_as_string(hide_password=True)
     # The URL scalar's own span in the text, so that nothing else changes (a dump would drop comments and
     # re-type YAML 1.1 values); written plain as it was, or double-quoted.
     start, end = node.start_mark.index, node.end_mark.index

@@ -58,6 +58,7 @@ FORMAT_VERSION = 1
 # Why there is nothing to start from, as `recsys.warm_source` records it. These stay the same while the
 # situation does (no version numbers), so a champion change that cannot matter re-runs nothing.
 WRITTEN_COLD = "the warm source was written while train.init was cold (`recsys warm` rewrites it)"
+NO_EARLIER_CHAMPION = "the registry had no champion before the current data version"
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a checkpoint's file: a name, never a path
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -114,7 +115,7 @@ def _write(warm_dir: Path, source: WarmSource, checkpoint_dir: Path | None) -> b
     # Already in place only when nothing else is there either: DVC hashes the whole directory, and a fan-out
     # worker's copy holds exactly these entries.
     expected = {SOURCE_FILE, CHECKPOINT} if checkpoint_dir is not None else {SOURCE_FILE}
-    if (path.is_file() and path.read_text(encoding="utf-8") == text
+    if (path.is_file() and path.read_bytes() == text.encode("utf-8")
             and {p.name for p in warm_dir.iterdir()} == expected):
         try:
             check_files(warm_dir, source.files)
@@ -144,7 +145,11 @@ def read_source(warm_dir: Path | None) -> WarmSource:
     if not (Path(warm_dir) / SOURCE_FILE).is_file():
         return WarmSource(reason=f"there is no warm source at {warm_dir} (`recsys warm` writes it)")
     path = Path(warm_dir) / SOURCE_FILE
-    return parse_source(path.read_text(encoding="utf-8"), path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is damaged ({err}); run `recsys warm` to write it again") from err
+    return parse_source(text, path)
 
 
 def source_text(source: WarmSource) -> str:
@@ -231,7 +236,14 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     v = f"v{source.version}"
     if meta.get("model") != model_name:
         raise WarmStartRefused(f"the champion {v} is a {meta.get('model')} model, not {model_name}", rewrite)
-    ours, theirs = dataclasses.asdict(model_config), dict(meta.get("config") or {})
+    from recsys.models import config_from_dict
+
+    try:  # the champion's config as this version reads it: retired keys dropped, keys added since defaulted
+        theirs = dataclasses.asdict(config_from_dict(model_name, dict(meta.get("config") or {})))
+    except (ValueError, TypeError) as err:
+        raise WarmStartRefused(f"the champion {v}'s config cannot be used by this version ({err})",
+                               f"train a {model_name} cold (train.init: cold) and promote it") from None
+    ours = dataclasses.asdict(model_config)
     differ = [k for k in sorted(set(ours) | set(theirs))
               if k not in model.warm_free_fields and ours.get(k) != theirs.get(k)]
     if differ:

@@ -6,15 +6,23 @@ is `warm` or `auto` the source is the registry champion when it is a version of 
 verified, then copied in), else a note saying why there is none; for `cold` and counting models the note
 is a constant, so their stages never re-run because the champion changed.
 
-One rule keeps a run with nothing new from retraining: a champion trained on the current data version does
-not replace a source already in place. It usually *is* the model those stages just trained, and starting it
-again from itself on the same data would only churn versions; it becomes the source once new data arrives.
+What a model starts from depends on the registry and the data version alone — never on what a workspace held
+before — so a fresh clone resolves what the workspace that trained resolved, and DVC's run-cache key for
+`train@<model>` is the same on both. The rule: a model starts from *the champion as the current data arrived*
+— the last version to become champion (promoted, installed as the baseline or rolled back to) that was not
+trained on the current data version. A champion trained on the current data (usually the model those very
+stages trained) becomes the source once new data arrives, so a run with nothing new retrains nothing, whatever
+family the new champion is. `warm` asks for a start in any case: when the champion as the data arrived was
+another model (or there was none), it starts from the first version of its own family that became champion
+on the current data, a choice later promotions on the same data do not move either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -23,10 +31,11 @@ from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
 from recsys.retraining import listed_models
-from recsys.registry import NotFoundError, VersionInfo, open_registry
+from recsys.registry import Registry, VersionInfo, open_registry
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
 from recsys.warm import (
-    SOURCE_FILE, WRITTEN_COLD, WarmSource, parse_source, read_source, source_text, write_none, write_source,
+    NO_EARLIER_CHAMPION, SOURCE_FILE, WRITTEN_COLD, WarmSource, parse_source, source_text, write_none,
+    write_source,
 )
 from recsys.workspace import data_version, workspace_lock
 
@@ -41,14 +50,57 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
     trainable = {m: TRAINABLE.get(m, False) for m in names}
     wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
     lines = []
-    with workspace_lock(root):
-        champion = _champion(root, params) if wanted else None
+    with workspace_lock(root), contextlib.ExitStack() as stack:
+        registry = stack.enter_context(open_registry(params.registry, root, params.gate)) if wanted else None
+        champions = registry.champion_line() if registry is not None else []
         current = data_version(root)
         for m in names:
-            line = _resolve(root, params, m, trainable[m], champion, current)
+            line = _resolve(root, params, m, trainable[m], registry, champions, current)
             log.debug("warm source %s", line)  # (every caller prints the lines it returns)
             lines.append(line)
     return lines
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a model starts from: a version, or the reason recorded for none; `says` is its line."""
+
+    version: VersionInfo | None
+    reason: str | None
+    says: str
+
+
+def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data: str | None) -> Choice:
+    """The warm source of `model` under `mode` (warm | auto), from every version that became champion, in
+    order (`Registry.champion_line`), and the current data version. Reasons recorded for none name no
+    version numbers, so they stay the same while the situation does."""
+    if not champions:
+        return Choice(None, NO_EARLIER_CHAMPION, f"{model}: none (no champion yet)")
+    champion = champions[-1]
+    earlier = [i for i, v in enumerate(champions) if not _trained_on(v, current_data)]
+    arrived = champions[earlier[-1]] if earlier else None  # the champion as the current data arrived
+    later = champions[earlier[-1] + 1:] if earlier else champions  # each trained on the current data
+    pick = arrived if arrived is not None and arrived.architecture == model else None
+    if pick is None and mode == "warm":
+        pick = next((v for v in later if v.architecture == model), None)
+    ours = champion.architecture == model
+    when = f"the champion v{champion.version} was trained on the current data" + (
+        "; new data makes it the warm source" if ours else f" (a {champion.architecture} model)")
+    if pick is not None:
+        return Choice(pick, None, f"{model}: v{pick.version}" if pick.version == champion.version else
+                      f"{model}: v{pick.version} kept ({when})")
+    if arrived is None:
+        return Choice(None, NO_EARLIER_CHAMPION, f"{model}: none kept ({when})")
+    reason = f"the champion is a {arrived.architecture} model, not {model}"
+    if arrived.version == champion.version:
+        return Choice(None, reason, f"{model}: none (the champion v{champion.version} is a "
+                                    f"{champion.architecture} model)")
+    return Choice(None, reason, f"{model}: none (the champion as the current data arrived, v{arrived.version}, "
+                                f"is a {arrived.architecture} model; {when})")
+
+
+def _trained_on(version: VersionInfo, data: str | None) -> bool:
+    return data is not None and version.dataset_version == data
 
 
 class WarmSourceUnavailable(Exception):
@@ -96,16 +148,6 @@ def materialise_warm_source(root: Path, params: Params, model: str, shipped: str
     return line
 
 
-def _champion(root: Path, params: Params) -> tuple[VersionInfo, Path, list] | None:
-    """The champion, its verified artifact directory and that directory's manifest listing, or None."""
-    with open_registry(params.registry, root, params.gate) as registry:
-        try:
-            info = registry.champion_info()
-        except NotFoundError:
-            return None
-        return info, *_verified(registry.store, info.artifact_sha256)
-
-
 def _verified(store: ArtifactStore, sha256: str) -> tuple[Path, list]:
     """A stored artifact's directory, re-hashed (ArtifactIntegrityError if tampered with or missing), and its
     manifest's [name, size, sha256] listing."""
@@ -113,8 +155,8 @@ def _verified(store: ArtifactStore, sha256: str) -> tuple[Path, list]:
     return directory, json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
 
 
-def _resolve(root: Path, params: Params, model: str, trainable: bool,
-             champion: tuple[VersionInfo, Path, list] | None, current_data: str | None) -> str:
+def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: Registry | None,
+             champions: Sequence[VersionInfo], current_data: str | None) -> str:
     warm_dir = Layout(root).warm_dir(model)
     mode = params.train_config(model).init
     if not trainable:
@@ -123,30 +165,12 @@ def _resolve(root: Path, params: Params, model: str, trainable: bool,
     if mode == "cold":
         write_none(warm_dir, WRITTEN_COLD)
         return f"{model}: cold (train.init is cold)"
-    if champion is None:
-        write_none(warm_dir, "the registry has no champion yet")
-        return f"{model}: none (no champion yet)"
-    info, directory, files = champion
-    if info.architecture != model:
-        write_none(warm_dir, f"the champion is a {info.architecture} model, not {model}")
-        return f"{model}: none (the champion v{info.version} is a {info.architecture} model)"
-    existing = _existing(warm_dir)
-    same_data = info.dataset_version is not None and info.dataset_version == current_data
-    if existing is not None and same_data and existing.version != info.version and (
-            existing.version is not None or mode == "auto"):
-        held = f"v{existing.version}" if existing.version is not None else "none"
-        return (f"{model}: {held} kept (the champion v{info.version} was trained on the current data; new "
-                "data makes it the warm source)")
+    assert registry is not None
+    choice = choose(champions, model, mode, current_data)
+    if choice.version is None:
+        write_none(warm_dir, choice.reason or "")
+        return choice.says
+    info = choice.version
+    directory, files = _verified(registry.store, info.artifact_sha256)
     changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory)
-    return f"{model}: v{info.version}" + (" (updated)" if changed else "")
-
-
-def _existing(warm_dir: Path) -> WarmSource | None:
-    """The source in place, unless there is none, it is unreadable, or it was written for `cold`."""
-    if not (warm_dir / SOURCE_FILE).is_file():
-        return None
-    try:
-        source = read_source(warm_dir)
-    except CheckpointError:
-        return None
-    return None if source.reason == WRITTEN_COLD else source
+    return choice.says + (" (updated)" if changed else "")

@@ -154,6 +154,10 @@ def test_a_work_order_never_carries_the_registry_password(tmp_path):
     quoted = 'registry: {url: "postgresql://u:p\\x41w@h/d"}  # escaped\ntrain: {lr: 1e-3, progress: off}\n'
     assert fanout.without_registry_password(quoted) == (  # only the URL's own text changed
         'registry: {url: "postgresql://u:***@h/d"}  # escaped\ntrain: {lr: 1e-3, progress: off}\n')
+    # libpq takes the password as a query parameter too: SQLAlchemy hands it to the driver.
+    for query in ("password=PW", "sslmode=require&PassWord=PW"):
+        shipped = fanout.without_registry_password(f"registry:\n  url: postgresql://u@db/recsys?{query}\n")
+        assert "PW" not in shipped and "password=%2a%2a%2a" in shipped.lower(), shipped  # *** in a URL
 
 
 def test_head_commit_outside_git_is_a_user_error(tmp_path):

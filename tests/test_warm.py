@@ -184,6 +184,47 @@ def test_a_champion_of_another_family_is_not_a_starting_point(tmp_path, tiny_sas
         start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
 
 
+def older_champion(tmp_path: Path, config, edit) -> Path:
+    """A champion whose model.json an older recsys wrote (`edit` changes its config mapping)."""
+    torch.manual_seed(1)
+    model = build_model("sasrec", config, n_items=len(CHAMPION_ITEMS), n_users=len(CHAMPION_USERS))
+    ckpt = save_checkpoint(tmp_path / "older", model, dataset_fingerprint="0" * 64, item_ids=CHAMPION_ITEMS,
+                           user_ids=CHAMPION_USERS)
+    meta = json.loads((ckpt / "model.json").read_text())
+    edit(meta["config"])
+    (ckpt / "model.json").write_text(json.dumps(meta))
+    warm_dir = tmp_path / "warm" / "sasrec"
+    write_source(warm_dir, 3, SHA, listing(ckpt), ckpt)
+    return warm_dir
+
+
+def test_a_champion_saved_before_keys_were_added_or_retired_is_compared_as_it_loads(tmp_path,
+                                                                                      tiny_sasrec_config):
+    """A retired key is dropped and a key added since takes its default, as `load_model` reads it: such a
+    champion is compatible when that reading equals today's config (not refused by its raw JSON)."""
+    def older(config: dict) -> None:
+        config["gbce_t"] = 0.75  # retired since
+        assert config.pop("emb_scale") is True  # added since, with today's default
+
+    warm_dir = older_champion(tmp_path, tiny_sasrec_config, older)
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    record = start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == "warm" and record["from_version"] == 3
+
+
+def test_a_champion_trained_with_a_retired_value_is_refused_with_a_setting_that_exists(tmp_path,
+                                                                                         tiny_sasrec_config):
+    warm_dir = older_champion(tmp_path, tiny_sasrec_config, lambda config: config.update(loss="gbce"))
+    model, before = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    record = start(model, "sasrec", tiny_sasrec_config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == "cold" and "cannot be used by this version" in record["reason"]
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ConfigError) as err:
+        start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert "\n" not in str(err.value) and "loss='gbce'" in str(err.value)
+    assert "train a sasrec cold (train.init: cold) and promote it" in str(err.value)
+
+
 def test_fields_that_only_shape_training_may_differ(tmp_path, tiny_sasrec_config):
     warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
     config = dataclasses.replace(tiny_sasrec_config, dropout=0.5, n_negatives=64, weight_init="xavier")

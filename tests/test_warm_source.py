@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,14 @@ from recsys.config import load_params
 from recsys.layout import Layout
 from recsys.models import build_model
 from recsys.registry import ArtifactIntegrityError, open_registry
-from recsys.warm import CHECKPOINT, SOURCE_FILE, WRITTEN_COLD, check_files, read_source
+from recsys.warm import (
+    CHECKPOINT,
+    NO_EARLIER_CHAMPION,
+    SOURCE_FILE,
+    WRITTEN_COLD,
+    check_files,
+    read_source,
+)
 from recsys.warm_source import resolve_warm_sources
 
 runner = CliRunner()
@@ -40,8 +48,9 @@ def set_data(root: Path, version: str) -> None:
     (root / "data.dvc").write_text(f"outs:\n- md5: {version}.dir\n  nfiles: 2\n  path: data\n")
 
 
-def champion(root: Path, name: str = "sasrec", *, data: str = "d1", seed: int = 0, init: dict | None = None):
-    """Register a checkpoint of `name` trained on data version `data` and make it the champion."""
+def champion(root: Path, name: str = "sasrec", *, data: str = "d0", seed: int = 0, init: dict | None = None):
+    """Register a checkpoint of `name` trained on data version `data` (by default an earlier one than the
+    workspace's d1: the champion a new batch finds) and make it the champion."""
     params = load_params(root / "params.yaml")
     torch.manual_seed(seed)
     model = build_model(name, params.model_config(name), n_items=4, n_users=2)
@@ -105,8 +114,8 @@ def test_the_champion_of_the_same_model_is_copied_in_and_verified(tmp_path):
 
 def test_a_champion_trained_on_the_current_data_does_not_replace_the_source(tmp_path):
     root = workspace(tmp_path / "repo", "auto")
-    first = champion(root, data="d1")
-    resolve(root)
+    first = champion(root, data="d0")
+    assert resolve(root)[1] == f"sasrec: v{first} (updated)"
     second = champion(root, data="d1", seed=1, init={"mode": "warm", "from_version": first, "warm_streak": 1})
     # The new champion is (typically) what the last run trained from the first: nothing new to learn from.
     assert resolve(root)[1] == (f"sasrec: v{first} kept (the champion v{second} was trained on the current "
@@ -120,7 +129,7 @@ def test_a_champion_trained_on_the_current_data_does_not_replace_the_source(tmp_
 def test_no_source_yet_is_kept_under_auto_but_not_under_warm(tmp_path):
     root = workspace(tmp_path / "repo", "auto")
     resolve(root)
-    assert source(root, "sasrec").reason == "the registry has no champion yet"
+    assert source(root, "sasrec").reason == NO_EARLIER_CHAMPION
     version = champion(root, data="d1")  # trained cold by this very run, on this data
     assert resolve(root)[1] == (f"sasrec: none kept (the champion v{version} was trained on the current "
                                 "data; new data makes it the warm source)")
@@ -128,10 +137,94 @@ def test_no_source_yet_is_kept_under_auto_but_not_under_warm(tmp_path):
     assert resolve(root)[1] == f"sasrec: v{version} (updated)"
     # Switching from cold to warm also starts from the champion on the same data.
     other = workspace(tmp_path / "other", "cold")
-    champion(other)
+    champion(other, data="d1")
     resolve(other)
     workspace(other, "warm")
     assert source(other, "sasrec").reason == WRITTEN_COLD and resolve(other)[1].endswith("(updated)")
+
+
+def warm_bytes(root: Path) -> dict[str, dict[str, bytes]]:
+    return {m: tree(Layout(root).warm_dir(m)) for m in ("mostpop", "sasrec", "bert4rec")}
+
+
+def test_a_champion_of_another_family_on_the_current_data_changes_no_source(tmp_path):
+    """Whatever family a champion trained on the current data is, the sources — and so every train stage —
+    stay as the data's run left them: a run with nothing new retrains nothing."""
+    root = workspace(tmp_path / "repo", "auto")
+    assert resolve(root)[1:] == ["sasrec: none (no champion yet)", "bert4rec: none (no champion yet)"]
+    night_one = warm_bytes(root)
+    champion(root, "sasrec", data="d1")  # the first night's winner
+    assert resolve(root)[2] == "bert4rec: none kept (the champion v1 was trained on the current data (a sasrec model))"
+    assert warm_bytes(root) == night_one
+    champion(root, "bert4rec", data="d1", seed=1)  # another family wins on the same data
+    resolve(root)
+    assert warm_bytes(root) == night_one
+
+    other = workspace(tmp_path / "other", "auto")
+    first = champion(other, "sasrec", data="d0")
+    resolve(other)
+    before = warm_bytes(other)
+    assert source(other, "sasrec").version == first
+    assert source(other, "bert4rec").reason == "the champion is a sasrec model, not bert4rec"
+    newer = champion(other, "bert4rec", data="d1", seed=1)
+    assert resolve(other)[1:] == [
+        f"sasrec: v{first} kept (the champion v{newer} was trained on the current data (a bert4rec model))",
+        (f"bert4rec: none (the champion as the current data arrived, v{first}, is a sasrec model; the champion "
+         f"v{newer} was trained on the current data; new data makes it the warm source)")]
+    assert warm_bytes(other) == before
+    set_data(other, "d2")
+    assert resolve(other)[1:] == [f"sasrec: none (the champion v{newer} is a bert4rec model)",
+                                  f"bert4rec: v{newer} (updated)"]
+
+
+def test_a_fresh_clone_resolves_the_sources_the_training_workspace_had(tmp_path):
+    """`artifacts/warm` is in neither git nor DVC: a clone (or a workspace that lost it) must resolve the same
+    bytes from the registry alone, or `dvc repro` there retrains what the run-cache holds."""
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root, "sasrec", data="d0")
+    resolve(root)
+    champion(root, "sasrec", data="d1", seed=1, init={"mode": "warm", "from_version": first, "warm_streak": 1})
+    resolve(root)
+    trained = warm_bytes(root)
+    assert source(root, "sasrec").version == first
+    shutil.rmtree(root / "artifacts" / "warm")
+    resolve(root)
+    assert warm_bytes(root) == trained
+    # The same under `warm` after a first night with no champion: the first champion on this data, not the newest.
+    fresh = workspace(tmp_path / "fresh", "warm")
+    v1 = champion(fresh, "sasrec", data="d1")
+    assert resolve(fresh)[1] == f"sasrec: v{v1} (updated)"
+    v2 = champion(fresh, "sasrec", data="d1", seed=2, init={"mode": "warm", "from_version": v1, "warm_streak": 1})
+    assert resolve(fresh)[1] == f"sasrec: v{v1} kept (the champion v{v2} was trained on the current data; new " \
+                                "data makes it the warm source)"
+    kept = warm_bytes(fresh)
+    shutil.rmtree(fresh / "artifacts" / "warm")
+    resolve(fresh)
+    assert warm_bytes(fresh) == kept
+
+
+def test_a_rollback_makes_the_rolled_back_to_champion_the_source(tmp_path):
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root, "sasrec", data="d0")
+    second = champion(root, "sasrec", data="d0", seed=1)
+    assert resolve(root)[1] == f"sasrec: v{second} (updated)"
+    params = load_params(root / "params.yaml")
+    with open_registry(params.registry, root, params.gate) as registry:
+        registry.rollback(first)
+    assert resolve(root)[1] == f"sasrec: v{first} (updated)"
+
+
+def test_a_damaged_source_record_is_rewritten_and_refused_by_the_train_stage_in_one_line(tmp_path):
+    from recsys.checkpoint import CheckpointError
+
+    root = workspace(tmp_path / "repo", "cold")
+    resolve(root)
+    record = Layout(root).warm_dir("sasrec") / SOURCE_FILE
+    record.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(CheckpointError, match=r"source.json is damaged \(.*utf-8.*\); run `recsys warm`"):
+        read_source(record.parent)
+    assert resolve(root)[1] == "sasrec: cold (train.init is cold)"
+    assert source(root, "sasrec").reason == WRITTEN_COLD
 
 
 def test_a_damaged_registry_artifact_is_never_copied(tmp_path):

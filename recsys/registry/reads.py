@@ -155,6 +155,23 @@ class RegistryReads:
             events = list(reversed(session.scalars(query).all()))
             return [event_info(session, e) for e in events]
 
+    def champion_line(self) -> list[VersionInfo]:
+        """Every version that became champion, in the order it did (a version appears again when promoted or
+        rolled back to again); the last is the champion. Empty when there has never been one."""
+        with read_session(self.engine) as session:
+            champion = self._champion_in(session)
+            ids = list(session.scalars(
+                select(PromotionEvent.candidate_version_id)
+                .join(RegisteredModel, RegisteredModel.id == PromotionEvent.model_id)
+                .where(RegisteredModel.name == self.model_name,
+                       PromotionEvent.decision.in_(("promoted", "rollback")))
+                .order_by(PromotionEvent.id)
+            ))
+            if champion is not None and (not ids or ids[-1] != champion.version_id):
+                ids.append(champion.version_id)  # a champion set without an event (never by this code)
+            rows = {v.id: v for v in session.scalars(select(ModelVersion).where(ModelVersion.id.in_(set(ids))))}
+            return [version_info(rows[i], champion) for i in ids]
+
     # -- recorded decisions --
 
     def _recorded_decision(self, sha256: str, fingerprint: str | None) -> PromotionDecision | None:
