@@ -28,12 +28,12 @@ from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, ru
 from flows.ingest import bootstrap
 from recsys.config import ConfigError, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
-from recsys.retraining import (BASELINE, check_epochs, choose_candidate, epochs_override, read_curve,
+from recsys.retraining import (check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
                                training_progress)
 from recsys.faults import fault_point
 from recsys.entry import ArgumentParser, positive_float, positive_int
-from recsys.model_configs import MAX_EPOCHS
+from recsys.model_configs import BASELINE, MAX_EPOCHS
 from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, committed_head, force_refused
 from recsys.workspace import run_dvc, workspace_lock
 

@@ -168,6 +168,9 @@ MODEL_CONFIGS: dict[str, type] = {
 # False for a model that learns only by counting (MostPop): the trainer takes no gradient step and there are
 # no weights to warm-start from. The model classes read their `trainable` flag from here.
 TRAINABLE: dict[str, bool] = {"mostpop": False, "sasrec": True, "bert4rec": True, "mojito": True}
+# The gate's baseline: evaluated with every retraining, and champion — installed, not gated — until a model
+# passes the gate. Only a model that learns by counting may be one (recsys.promotion.check_baseline).
+BASELINE = "mostpop"
 
 
 # What a model's config no longer has, and why (one home: params.yaml parsing and checkpoint loading both

@@ -24,12 +24,11 @@ from typing import Any
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.lineage import Lineage, capture, trained_data_version
+from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, open_registry
 from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
 from recsys.workspace import workspace_lock
-
-BASELINE = "mostpop"
 
 
 class PromotionError(RegistryError):
@@ -129,12 +128,23 @@ def promote_candidate(
     params.model_config(validate_name(model, "model name"))  # unknown: the known ones, not a stage to run
     # an unknown baseline was ignored, or the candidate gated against nothing: refused as an unknown model is
     params.model_config(validate_name(baseline, "baseline model name"))
+    check_baseline(baseline)
     # Under the workspace lock: a `dvc repro` or an ingest in this workspace (another deployment's run) cannot
     # replace a model's checkpoint or metrics, or move data.dvc on, between reading them and registering them.
     with workspace_lock(root):
         if trained_by_dvc and dataset_version is None:
             dataset_version = trained_data_version(root)  # None without a record: data.dvc's
         return _promote_locked(root, params, model, baseline, dataset_version, rescore)
+
+
+def check_baseline(name: str) -> None:
+    """A baseline becomes champion without passing the gate, so only a model that learns by counting may be
+    one: any other (`--baseline sasrec`) would let a model the gate refused serve."""
+    if TRAINABLE.get(name, True):
+        counting = ", ".join(sorted(m for m, trainable in TRAINABLE.items() if not trainable))
+        raise PromotionError(f"{name} cannot be the baseline: a baseline is champion without passing the gate, "
+                             f"so it must be a model that learns by counting ({counting}; the default is "
+                             f"{BASELINE})")
 
 
 def _promote_locked(

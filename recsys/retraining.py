@@ -19,10 +19,8 @@ import yaml
 from recsys.atomic import fsync_dir, write_text_atomic
 from recsys.config import ConfigError, Params, validate_name
 from recsys.layout import SELECTION_METRIC, Layout
-from recsys.model_configs import MAX_EPOCHS
+from recsys.model_configs import BASELINE, MAX_EPOCHS
 from recsys.workspace import workspace_lock
-
-BASELINE = "mostpop"
 
 
 def check_models_given(models: Sequence[str] | None) -> None:

@@ -184,6 +184,20 @@ def test_promoting_the_baseline_first_installs_it_once_and_later_gates_it(worksp
         assert len(reg.list_versions()) == 2
 
 
+def test_only_a_counting_model_can_be_the_ungated_baseline(workspace):
+    """`--baseline sasrec` installed SASRec as the champion without the gate (a version the gate had just
+    refused included): a baseline must be a model that learns by counting."""
+    args = ["promote", "--model", "sasrec", "--params", str(workspace / "params.yaml")]
+    for baseline in ("sasrec", "bert4rec"):
+        refused = runner.invoke(registry_app, [*args, "--baseline", baseline])
+        assert refused.exit_code == 1 and refused.output.count("\n") == 1, refused.output
+        assert f"{baseline} cannot be the baseline: a baseline is champion without passing the gate" in refused.output
+        assert "(mostpop; the default is mostpop)" in refused.output
+    assert not (workspace / "registry").exists()  # refused before the registry was opened
+    with pytest.raises(Exception, match="cannot be the baseline"):
+        promote_candidate(workspace, load_params(workspace / "params.yaml"), "mostpop", baseline="mojito")
+
+
 def test_code_version_is_dirty_only_for_code_changes(workspace):
     head = git(workspace, "rev-parse", "HEAD")
     assert git_code_version(workspace) == f"{head}-dirty"  # code.py edited by make_workspace

@@ -224,6 +224,34 @@ def test_a_changed_gate_decides_again_instead_of_replaying(tmp_path):
         assert [e.decision for e in lenient.history()] == ["promoted", "rejected", "promoted"]
 
 
+def test_a_rejection_is_decided_again_once_its_champion_no_longer_serves(registry, tmp_path):
+    """A rejection measured against no champion (the baseline not evaluated yet) or against a champion a
+    rollback has replaced is not replayed: the candidate is gated against what serves now — once, then that
+    decision is the one replayed."""
+    candidate = make_checkpoint(tmp_path / "ckpts", "cand")
+    good = make_eval(0.05, seed=3)
+    first = registry.promote(candidate, good, baseline_result=None, baseline_kind="mostpop")
+    assert not first.promoted and "evaluate@mostpop" in first.reason
+    assert registry.install_baseline(make_checkpoint(tmp_path / "ckpts", "mp", model="mostpop"), MOSTPOP) == 2
+    again = registry.promote(candidate, good, baseline_result=None, baseline_kind="mostpop")
+    assert again.promoted and not again.replayed and again.baseline_version == 2, again.reason
+    assert registry.promote(candidate, good, baseline_result=None, baseline_kind="mostpop").replayed
+
+    better = make_eval(0.10, seed=4)
+    assert _promote(registry, tmp_path, "better", better).promoted  # v3 > v1
+    late = make_eval(0.07, seed=5)
+    refused = _promote(registry, tmp_path, "late", late)
+    assert not refused.promoted and refused.baseline_version == 3
+    assert registry.promote(tmp_path / "ckpts" / "late", late, baseline_result=MOSTPOP,
+                            baseline_kind="mostpop").replayed  # the same champion: the same answer
+    registry.rollback()  # back to v1, which "late" beats
+    decided = registry.promote(tmp_path / "ckpts" / "late", late, baseline_result=MOSTPOP,
+                               baseline_kind="mostpop")
+    assert decided.promoted and not decided.replayed and decided.baseline_version == 1, decided.reason
+    assert [e.decision for e in registry.history()] == [
+        "rejected", "promoted", "promoted", "promoted", "rejected", "rollback", "promoted"]
+
+
 def test_same_artifact_copied_elsewhere_is_the_same_version(registry, tmp_path):
     a = make_checkpoint(tmp_path / "one", "ck", payload=b"same weights")
     b = make_checkpoint(tmp_path / "two", "ck", payload=b"same weights")

@@ -244,7 +244,8 @@ def rollback(
 def promote_command(
     model: Annotated[str, typer.Option("--model", help="Model whose checkpoint to register and gate.")],
     baseline: Annotated[
-        str, typer.Option("--baseline", help="Model the first champion must beat (no champion yet).")
+        str, typer.Option("--baseline",
+                          help="Model the first champion must beat: one that learns by counting (mostpop).")
     ] = "mostpop",
     dataset_version: Annotated[
         str | None,

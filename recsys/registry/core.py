@@ -72,6 +72,14 @@ _MAX_ATTEMPTS = 20
 _LIMITS = {"dataset_version": 128, "code_version": 64, "eval_fingerprint": 64}
 
 
+def _outdated(recorded: PromotionDecision, champion: int | None) -> bool:
+    """A recorded rejection is decided again once the champion it was measured against is no longer the
+    champion (a baseline installed since, a rollback): replaying it would keep a candidate out on a comparison
+    with a model that does not serve. A promotion is replayed as it was (`promote` says when it no longer
+    serves)."""
+    return recorded.decision == "rejected" and recorded.baseline_version != champion
+
+
 class _ChampionChanged(Exception):
     """Internal: the champion moved between scoring it and taking the lock; decide again."""
 
@@ -267,8 +275,8 @@ class Registry(RegistryReads):
         metric = self.gate.metric
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         replay = self._recorded_decision(stored.sha256, fingerprint)
-        if replay is not None:
-            champion_now = self.champion_version()
+        champion_now = self.champion_version()
+        if replay is not None and not _outdated(replay, champion_now):
             if replay.promoted and champion_now != replay.version:
                 # Promoted once, champion no longer (a rollback, or a later promotion): the replay moves
                 # nothing, so it must not say the candidate serves.
@@ -315,9 +323,9 @@ class Registry(RegistryReads):
                 )
             ).one()
             recorded = self._find_decision(session, version, fingerprint)
-            if recorded is not None:
-                return recorded
             current = self._champion_in(session)
+            if recorded is not None and not _outdated(recorded, current.version if current else None):
+                return recorded
             if (current.version_id if current else None) != (champion.version_id if champion else None):
                 raise _ChampionChanged  # rolls the transaction back; nothing was written
 
@@ -336,7 +344,8 @@ class Registry(RegistryReads):
                 outcome = GateDecision(
                     False,
                     "no champion yet and no baseline result to compare against: the first champion must "
-                    "beat the baseline on the same evaluation set",
+                    f"beat the baseline on the same evaluation set (evaluate it first: `dvc repro "
+                    f"evaluate@{reference_kind}`)",
                     candidate.metric_value,
                 )
                 baseline_kind, baseline_version_id = None, None

@@ -201,7 +201,7 @@ class RegistryReads:
                 PromotionEvent.significance == self.gate.significance,
                 PromotionEvent.alpha == self.gate.alpha,
             )
-            .order_by(PromotionEvent.id)
+            .order_by(PromotionEvent.id.desc())  # the latest: an outdated rejection is decided again
             .limit(1)
         ).one_or_none()
         if event is None:
