@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import StrictBool, StrictInt
 from prefect import flow, get_run_logger
 
 from flows.errors import add_verbose_flag, quiet_console, run_main
@@ -39,8 +40,8 @@ ROOT = Path(".")  # flows run from the repository root (deployments set it in th
 @flow(name="pipeline", log_prints=True)
 def pipeline(
     models: list[str] | None = None,
-    force: bool = False,
-    epochs: int | None = None,
+    force: StrictBool = False,
+    epochs: StrictInt | None = None,
     inbox: str | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
@@ -58,9 +59,10 @@ def pipeline(
             pool (see flows.retrain).
         fan_out_idle_minutes: with `fan_out`, give up when no worker has taken any run for this long.
     """
-    # before ingest: retrain would refuse them
+    # before ingest: retrain would refuse them (a UI or API run's models too, against params.yaml)
     quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
+    check_command_line(repo_root, models)
     rejected = None
     if has_batches_or_unfinished_work(repo_root, ingest_config(repo_root, inbox)):  # (a bad inbox: refused)
         # A rejected batch is moved aside: retrain on what was accepted, then fail as the ingest flow did.

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import StrictBool, StrictInt
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -120,15 +122,15 @@ def check_run_parameters(epochs: int | None, fan_out: str | None, fan_out_idle_m
     check_models_given(models)
     if fan_out is not None:
         check_deployment_name(fan_out)
-    if fan_out and not fan_out_idle_minutes > 0:
-        raise ConfigError(f"fan_out_idle_minutes must be > 0, got {fan_out_idle_minutes}")
+    if fan_out and not (fan_out_idle_minutes > 0 and math.isfinite(fan_out_idle_minutes)):
+        raise ConfigError(f"fan_out_idle_minutes must be a finite number > 0, got {fan_out_idle_minutes}")
 
 
 @flow(name="retrain", log_prints=True)
 def retrain(
     models: list[str] | None = None,
-    force: bool = False,
-    epochs: int | None = None,
+    force: StrictBool = False,
+    epochs: StrictInt | None = None,
     repo_root: str = str(ROOT),
     fan_out: str | None = None,
     fan_out_idle_minutes: float = IDLE_MINUTES,

@@ -25,7 +25,7 @@ from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.lineage import Lineage, capture, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
-from recsys.registry import PromotionDecision, RegistryError, open_registry
+from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
 from recsys.workspace import workspace_lock
@@ -131,7 +131,7 @@ def promote_candidate(
     check_baseline(baseline)
     # Under the workspace lock: a `dvc repro` or an ingest in this workspace (another deployment's run) cannot
     # replace a model's checkpoint or metrics, or move data.dvc on, between reading them and registering them.
-    with workspace_lock(root):
+    with workspace_lock(root), database_errors(f"cannot promote {model!r}", registry_url(params.registry)):
         if trained_by_dvc and dataset_version is None:
             dataset_version = trained_data_version(root)  # None without a record: data.dvc's
         return _promote_locked(root, params, model, baseline, dataset_version, rescore)

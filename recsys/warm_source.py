@@ -30,11 +30,17 @@ from recsys.checkpoint import CheckpointError
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
-from recsys.retraining import listed_models
-from recsys.registry import Registry, VersionInfo, open_registry
+from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
+from recsys.retraining import listed_models
 from recsys.warm import (
-    NO_EARLIER_CHAMPION, SOURCE_FILE, WRITTEN_COLD, WarmSource, parse_source, source_text, write_none,
+    NO_EARLIER_CHAMPION,
+    SOURCE_FILE,
+    WRITTEN_COLD,
+    WarmSource,
+    parse_source,
+    source_text,
+    write_none,
     write_source,
 )
 from recsys.workspace import data_version, workspace_lock
@@ -50,7 +56,8 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
     trainable = {m: TRAINABLE.get(m, False) for m in names}
     wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
     lines = []
-    with workspace_lock(root), contextlib.ExitStack() as stack:
+    with (workspace_lock(root), database_errors("cannot resolve the warm sources", registry_url(params.registry)),
+          contextlib.ExitStack() as stack):
         registry = stack.enter_context(open_registry(params.registry, root, params.gate)) if wanted else None
         champions = registry.champion_line() if registry is not None else []
         current = data_version(root)

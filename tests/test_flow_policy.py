@@ -4,12 +4,14 @@ tracebacks of user errors kept off the console (the end-to-end runs are in test_
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 import sys
 
 import pytest
 from dvc_support import tree
 from flow_support import NOT_AN_INBOX, REPO_ROOT, TELEMETRY_ENV, flow_env
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from flows.errors import _HideUserErrorTracebacks, retry_if_transient
 from recsys.config import ConfigError
@@ -17,6 +19,7 @@ from recsys.ingest.errors import BatchesRejected, DvcAddFailed, IngestError
 from recsys.ingest.run import IngestRun, PushFailed
 from recsys.prepare import PrepareError
 from recsys.registry import ArtifactError, ArtifactIntegrityError
+from recsys.registry.records import database_failure
 from recsys.workspace import DvcError, StageError
 
 
@@ -48,6 +51,13 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     (ArtifactIntegrityError("artifact 3f2a… no longer matches its sha256"), False),
     (OSError("disk hiccup"), True),
     (RuntimeError("a bug, maybe a flaky one"), True),
+    # the registry's database: a damaged file or refused credentials fail again; a busy or lost server may not
+    (database_failure(DatabaseError("SELECT", {}, sqlite3.DatabaseError("file is not a database")), "x"), False),
+    (database_failure(OperationalError("c", {}, Exception('password authentication failed for user "r"')), "x"),
+     False),
+    (database_failure(OperationalError("c", {}, sqlite3.OperationalError("database is locked")), "x"), True),
+    (database_failure(OperationalError("c", {}, Exception("connection refused\n\tIs the server running")), "x"),
+     True),
 ])
 def test_prefect_retries_only_what_may_pass(exc, retried):
     from prefect.states import Failed
@@ -270,3 +280,50 @@ def test_the_ingest_task_retries_any_transient_failure_and_keeps_every_attempts_
         ingest_flow.ingest_inbox_task.fn(".", IngestConfig())
     assert next(failures, None) is None  # three attempts
     assert list(failed.value.run) == [rejected]
+
+
+@pytest.mark.parametrize("models, message", [
+    (["nope"], r"model\(s\) \['nope'\] are not in params.yaml `models`"),
+    (["sasrec", "sasrec"], "sasrec"),
+])
+def test_a_pipeline_run_refuses_models_params_yaml_lacks_before_it_ingests(models, message, tmp_path):
+    """A UI or API run (no command-line precheck) ingested, committed and pushed a batch, then refused the
+    models it could have refused first."""
+    from flows.pipeline import pipeline
+
+    repo = tmp_path / "repo"
+    (repo / "inbox").mkdir(parents=True)
+    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    (repo / "inbox" / "batch.csv").write_text("user_id,item_id,timestamp\nu1,i1,1700000000\n")
+    with pytest.raises(ConfigError, match=message):
+        pipeline.fn(models=models, repo_root=str(repo))
+    assert sorted(p.name for p in repo.iterdir()) == ["inbox", "params.yaml"]  # nothing bootstrapped or locked
+    assert [p.name for p in (repo / "inbox").iterdir()] == ["batch.csv"]
+
+
+@pytest.mark.parametrize("flow_module", ["retrain", "pipeline"])
+@pytest.mark.parametrize("given", [{"epochs": True}, {"epochs": "3"}, {"epochs": 2.0}, {"force": "yes"},
+                                   {"force": 1}])
+def test_a_ui_run_s_parameters_are_not_coerced(flow_module, given, tmp_path, monkeypatch):
+    """Prefect's lax validation turned `epochs: true` into a one-epoch override and `force: "yes"` into a
+    forced run; the form's types (integer, boolean) are unchanged."""
+    import importlib
+
+    from prefect.exceptions import ParameterTypeError
+    from prefect.utilities.callables import parameter_schema
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    flow = getattr(importlib.import_module(f"flows.{flow_module}"), flow_module)
+    with pytest.raises(ParameterTypeError):
+        flow.validate_parameters(given)
+    assert flow.validate_parameters({"epochs": 3, "force": True}) | {} == {
+        **flow.validate_parameters({}), "epochs": 3, "force": True}
+    schema = parameter_schema(flow.fn).model_dump()["properties"]
+    assert schema["force"]["type"] == "boolean" and {"type": "integer"} in schema["epochs"]["anyOf"]
+
+
+def test_a_fan_out_give_up_time_must_be_finite():
+    from flows.retrain import check_run_parameters
+
+    with pytest.raises(ConfigError, match="fan_out_idle_minutes must be a finite number > 0, got inf"):
+        check_run_parameters(None, "train-model/gpu", float("inf"))

@@ -198,6 +198,23 @@ def test_only_a_counting_model_can_be_the_ungated_baseline(workspace):
         promote_candidate(workspace, load_params(workspace / "params.yaml"), "mostpop", baseline="mojito")
 
 
+def test_a_damaged_registry_database_is_one_line_and_not_worth_retrying(workspace):
+    """The flows' promote task retried any SQLAlchemy error twice, then printed its traceback: the promotion
+    step names the registry in one line, and a damaged file is not a failure that may pass."""
+    from recsys.entry import is_transient, is_user_error
+    from recsys.registry import RegistryDatabaseError
+
+    (workspace / "registry").mkdir()
+    (workspace / "registry" / "registry.db").write_bytes(b"not a database, at all" * 100)
+    with pytest.raises(RegistryDatabaseError) as err:
+        promote_candidate(workspace, load_params(workspace / "params.yaml"), "sasrec")
+    assert str(err.value) == ("cannot promote 'sasrec': the registry database failed (registry "
+                              "sqlite:///registry/registry.db): file is not a database")
+    assert is_user_error(err.value) and not is_transient(err.value)
+    out = runner.invoke(registry_app, ["promote", "--model", "sasrec", "--params", str(workspace / "params.yaml")])
+    assert out.exit_code == 1 and out.output == f"error: {err.value}\n", out.output
+
+
 def test_code_version_is_dirty_only_for_code_changes(workspace):
     head = git(workspace, "rev-parse", "HEAD")
     assert git_code_version(workspace) == f"{head}-dirty"  # code.py edited by make_workspace

@@ -69,21 +69,13 @@ def expected_errors() -> tuple[type[Exception], ...]:
 
 
 def describe(err: Exception, doing: str, url: str | None = None) -> str:
-    """One line for an expected failure; a database error names what was being done and the registry,
-    with the driver's first line only (never the SQL statement, parameters or a traceback)."""
+    """One line for an expected failure; a database error names what was being done and the registry
+    (`recsys.registry.records.database_failure`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from recsys.registry.db import masked_url
+    from recsys.registry.records import database_failure
 
-    if not isinstance(err, SQLAlchemyError):
-        return str(err)
-    orig = getattr(err, "orig", None)
-    lines = str(orig if orig is not None else err).strip().splitlines()
-    detail = lines[0].strip() if lines else type(err).__name__
-    if orig is None:
-        detail = detail.split(" [SQL:")[0].split("(Background on this error")[0].strip()
-    where = f" (registry {masked_url(url)})" if url else ""
-    return f"{doing}: the registry database failed{where}: {detail}"
+    return str(database_failure(err, doing, url) if isinstance(err, SQLAlchemyError) else err)
 
 
 def registry_label(params_path: Path) -> str:

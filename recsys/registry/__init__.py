@@ -12,9 +12,11 @@ from recsys.registry.records import (
     EventInfo,
     NotFoundError,
     PromotionDecision,
+    RegistryDatabaseError,
     RegistryError,
     RollbackError,
     VersionInfo,
+    database_errors,
 )
 from recsys.registry.store import ArtifactError, ArtifactIntegrityError, ArtifactStore
 
@@ -28,9 +30,11 @@ __all__ = [
     "NotFoundError",
     "PromotionDecision",
     "Registry",
+    "RegistryDatabaseError",
     "RegistryError",
     "RollbackError",
     "VersionInfo",
+    "database_errors",
     "open_registry",
     "registry_url",
 ]

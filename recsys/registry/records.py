@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from recsys.registry.db import ModelVersion, PromotionEvent
+from recsys.registry.db import ModelVersion, PromotionEvent, masked_url
 
 _NON_METRIC_COLUMNS = {"user_id", "user", "rank"}
 BASELINE_ROLE = "baseline"
@@ -21,6 +23,46 @@ BASELINE_ROLE = "baseline"
 
 class RegistryError(Exception):
     """A registry operation cannot be done; the message says why."""
+
+
+class RegistryDatabaseError(RegistryError):
+    """The registry's database failed. `transient` when running again may succeed (a server refused or lost
+    the connection, a busy SQLite file); a damaged file or refused credentials fail the same way again."""
+
+    def __init__(self, message: str, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+# What a driver says when the failure may pass (psycopg's and sqlite3's wording).
+_PASSING = ("could not connect", "connection refused", "connection timed out", "timeout expired", "timed out",
+            "database is locked", "server closed the connection", "terminating connection", "connection reset",
+            "the database system is starting up", "the database system is shutting down")
+
+
+def database_failure(err: SQLAlchemyError, doing: str, url: str | None = None) -> RegistryDatabaseError:
+    """One line naming what was being done and the registry (password masked), with the driver's first line
+    only — never the SQL statement, its parameters or a traceback."""
+    orig = getattr(err, "orig", None)
+    lines = str(orig if orig is not None else err).strip().splitlines()
+    detail = lines[0].strip() if lines else type(err).__name__
+    if orig is None:
+        detail = detail.split(" [SQL:")[0].split("(Background on this error")[0].strip()
+    where = f" (registry {masked_url(url)})" if url else ""
+    passing = isinstance(err, OperationalError) and (
+        (isinstance(err, DBAPIError) and err.connection_invalidated)
+        or any(words in detail.lower() for words in _PASSING))
+    return RegistryDatabaseError(f"{doing}: the registry database failed{where}: {detail}", passing)
+
+
+@contextmanager
+def database_errors(doing: str, url: str | None = None) -> Iterator[None]:
+    """A SQLAlchemy error inside becomes a RegistryDatabaseError (`database_failure`): a user error the flows
+    report in one line and retry only when it may pass."""
+    try:
+        yield
+    except SQLAlchemyError as err:
+        raise database_failure(err, doing, url) from err
 
 
 class NotFoundError(RegistryError):
