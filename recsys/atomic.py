@@ -79,3 +79,12 @@ def fsync_dir(directory: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_if_there(path: str | Path) -> None:
+    """Remove a file that may be absent — also where a file stands in the way of its folder (ENOTDIR), the
+    state a rollback finds when a setting pointed a folder at a file: there is nothing of ours to remove."""
+    try:
+        Path(path).unlink()
+    except (FileNotFoundError, NotADirectoryError):
+        pass

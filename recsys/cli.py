@@ -89,7 +89,8 @@ def data_generate(
 @data_app.command("batch")
 def data_batch(
     index: str = typer.Argument("1", help="batch number (1, 2, …): later batches cover later periods"),
-    out: Optional[str] = typer.Option(None, help="file to write (default: inbox/generated-<index>.csv)"),
+    out: Optional[str] = typer.Option(None, help="file to write (default: generated-<index>.csv in the "
+                                                 "ingest.inbox of the params file's repository)"),
     params: Path = PARAMS,
 ) -> None:
     """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
@@ -105,7 +106,12 @@ def data_batch(
     problem = batch_index_problem(loaded.generate, number)
     if problem:  # a value of the command line's, out of its range: a usage error, before anything is created
         raise typer.BadParameter(problem.removeprefix("batch index "), param_hint="'INDEX'")
-    target = chosen or Path(loaded.ingest.inbox) / f"generated-{number:04d}.csv"
+    # The inbox of the repository whose params.yaml this is, as `recsys ingest --params` reads it: from
+    # another folder, the current folder's inbox/ got the batch, which that repository's ingest never saw.
+    inbox = Path(params).resolve().parent / loaded.ingest.inbox
+    if chosen is None and inbox.is_relative_to(Path.cwd()):
+        inbox = inbox.relative_to(Path.cwd())  # said as before: `wrote … to inbox/generated-0001.csv`
+    target = chosen or inbox / f"generated-{number:04d}.csv"
     frame = generate_batch(loaded.generate, number)
     target.parent.mkdir(parents=True, exist_ok=True)
     # whole or absent: an ingest that finds the file in the inbox never reads half a batch
@@ -174,6 +180,9 @@ def data_import(
 
     if source not in SOURCES:  # a command line that does not parse: before anything is read
         raise typer.BadParameter(f"{source!r} is not one of {' | '.join(SOURCES)}", param_hint="'SOURCE'")
+    if column and source != "table":  # MovieLens files have fixed columns: a mapping was silently ignored
+        raise typer.BadParameter(f"{column[0]!r}: a column mapping is for `table` only; {source} has fixed "
+                                 "columns (leave --column out)", param_hint="'--column'")
     mapping = column_mapping(column) if source == "table" else None
     store = folder_option(out)
     config = load_params(params).ingest

@@ -152,7 +152,7 @@ class IngestConfig:
             raise ValueError(f"ingest.store must be {DATA!r} (the raw store data.dvc versions and dvc.yaml's "
                              f"prepare stage reads; the layout is fixed), got {self.store!r}: remove the setting")
         for key in ("inbox", "quarantine", "reports", "manifest"):  # "" would be the repository root itself
-            require(getattr(self, key) != "", key, getattr(self, key),
+            require(getattr(self, key).strip() != "", key, getattr(self, key),
                     "a path relative to the repository root", "ingest")
         require(self.timestamp_floor >= 0, "timestamp_floor", self.timestamp_floor,
                 ">= 0 (UTC seconds since 1970)", "ingest")

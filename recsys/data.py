@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import shutil
 import tempfile
 import urllib.parse
@@ -30,8 +31,8 @@ from recsys.atomic import write_text_atomic
 from recsys.config import GenerateConfig, IngestConfig
 from recsys.ingest import IngestError
 from recsys.ingest.canonical import CANONICAL, to_canonical
-from recsys.ingest.read import read_file
-from recsys.store import to_arrow
+from recsys.ingest.read import nested_value, read_file
+from recsys.store import TMP_PREFIX, to_arrow
 from recsys.validation import PARSE_ERROR
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,9 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
         if misfit:
             raise DataError(f"{path}: {misfit}")
         frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
+    nested = nested_value(frame)  # as a batch's: a JSON object would become the id "{'a': 1}"
+    if nested:
+        raise DataError(f"{path}: {nested}")
     try:
         return canonical(frame)
     except DataError as err:
@@ -300,7 +304,9 @@ def write_table(frame: pd.DataFrame, path: Path) -> None:
     table = pa.Table.from_pandas(canonical(frame), schema=schema.ARROW_SCHEMA, preserve_index=False)
     table = table.replace_schema_metadata(None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    # Named as the store's temps are (a dot: never a part), so a kill here leaves nothing the next ingest
+    # versions: it removes `.tmp-*` leftovers under its lock (recsys.store.remove_stale_temp_files).
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{path.name}"
     try:
         pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=False)
         tmp.replace(path)

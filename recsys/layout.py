@@ -18,6 +18,7 @@ from pathlib import Path
 # Relative to the repository root. `{model}` is filled with a model name from params.yaml `models`.
 PARAMS = "params.yaml"  # the one params file: dvc.yaml's `params:` and every stage read it
 DATA = "data"  # the raw store (tracked by data.dvc, appended to by ingest)
+EXPECTATIONS = "expectations"  # the Great Expectations suites every batch is validated with (recsys.validation)
 DATA_DVC = "data.dvc"
 PREPARED = "artifacts/prepared"
 MODEL_DIR = "artifacts/models/{model}"

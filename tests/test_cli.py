@@ -613,6 +613,42 @@ def test_data_batch_writes_its_file_whole(monkeypatch, capsys, tmp_path, write_p
     assert target.read_text().startswith("user_id,item_id,timestamp")
 
 
+def test_data_batch_writes_into_the_inbox_of_its_params_file(monkeypatch, capsys, tmp_path, write_params):
+    """Run from another folder with `--params /other/repo/params.yaml`, it wrote into the current folder's
+    inbox/, which that repository's `recsys ingest` never reads."""
+    (tmp_path / "repo").mkdir()
+    params = write_params({"ingest": {"inbox": "incoming"}}, tmp_path / "repo" / "params.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "2", "--params", str(params))
+    target = tmp_path / "repo" / "incoming" / "generated-0002.csv"
+    assert code == 0 and out.startswith("wrote ") and out.rstrip().endswith(f" to {target}"), out
+    assert target.is_file() and list(elsewhere.iterdir()) == []
+    monkeypatch.chdir(tmp_path / "repo")  # from the repository itself, said as before
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "3", "--params", "params.yaml")
+    assert code == 0 and out.rstrip().endswith(" to incoming/generated-0003.csv"), out
+
+
+@pytest.mark.parametrize("source", ["movielens-100k", "movielens-1m"])
+def test_data_import_refuses_a_column_mapping_for_movielens(monkeypatch, capsys, tmp_path, write_params,
+                                                           source):
+    """`--column` was ignored for the MovieLens sources, even malformed: exit 0, the mapping never applied."""
+    params = write_params({})
+    ml = tmp_path / "ml"
+    ml.mkdir()
+    (ml / "u.data").write_text("196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
+    (ml / "ratings.dat").write_text("1::1193::5::978300760\n2::661::3::978302109\n")
+    code, out, err = run_cli(monkeypatch, capsys, "data", "import", source, str(ml), "--out",
+                             str(tmp_path / "out"), "--column", "user_id=nonsense", "--column", "bogus",
+                             "--params", str(params))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, f"recsys data import: Invalid value for '--column': 'user_id=nonsense': a "
+                               f"column mapping is for `table` only; {source} has fixed columns (leave "
+                               "--column out) (see 'recsys data import --help')")
+    assert not (tmp_path / "out").exists()
+
+
 def test_warm_refuses_a_model_params_yaml_does_not_list_and_writes_nothing(monkeypatch, capsys, tmp_path,
                                                                           write_params):
     params = write_params({})

@@ -116,6 +116,16 @@ def test_read_parquet(tmp_path):
     assert frame[schema.RATING].tolist() == [1.5, 2.0]
 
 
+def test_read_table_refuses_a_nested_value_as_a_batch_does(tmp_path):
+    """The seed import made the id "{'id': 7}" of a JSON object; ingest refused the same file."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"customer": {"id": 7}, "item_id": "a", "timestamp": 1700000000}\n')
+    with pytest.raises(DataError) as refused:
+        read_table(path, {schema.USER: "customer"})
+    assert str(refused.value) == (f"{path}: column 'user_id' holds an object ({{'id': 7}}, data row 1) where "
+                                  "one string or number is expected; write one value per field")
+
+
 def test_read_table_mapping_to_absent_column(tmp_path):
     path = tmp_path / "events.csv"
     path.write_text("uid,item_id,timestamp\n1,2,3\n")
@@ -351,6 +361,31 @@ def test_generate_plants_time_effect():
     assert (jump & leisure).sum() > 30 and (jump & ~leisure).sum() > 30
     # Evening/weekend jumps favour odd genres; working-hours jumps favour even ones.
     assert odd[jump & leisure].mean() - odd[jump & ~leisure].mean() > 0.3
+
+
+def test_a_seed_write_killed_midway_leaves_a_temp_the_next_ingest_removes(tiny_interactions, tmp_path,
+                                                                           monkeypatch):
+    """The seed part's temp was `part-….parquet.tmp` beside the parts: a kill left it in the store, and the
+    next ingest's `dvc add` versioned it as data. (The kill is simulated: the write stops after the temp is
+    on disk, as SIGKILL would stop it, without the cleanup a Python exception runs.)"""
+    import recsys.data as data_module
+    from recsys.store import remove_stale_temp_files
+
+    written = []
+
+    def write_then_die(table, where, **kwargs):
+        Path(where).write_bytes(b"half a part")
+        written.append(Path(where))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_module.pq, "write_table", write_then_die)
+    part = tmp_path / "data" / "interactions" / data_module.SEED_PART
+    with pytest.raises(KeyboardInterrupt):
+        write_table(tiny_interactions, part)
+    [temp] = written
+    assert temp.parent == part.parent and temp.name.startswith(".tmp-") and not temp.exists()  # cleaned
+    temp.write_bytes(b"half a part")  # what SIGKILL leaves: no cleanup ran
+    assert remove_stale_temp_files(tmp_path / "data") == [temp] and not part.exists()
 
 
 def test_bootstrap_knows_the_files_the_seed_is_written_as(tmp_path):

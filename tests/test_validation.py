@@ -8,6 +8,7 @@ import pytest
 from recsys import validation
 from recsys.config import IngestConfig
 from recsys.ingest import to_canonical
+from recsys.ingest.plan import bad_rows_allowed
 
 NOW = 1_700_000_000
 PARAMS = validation.suite_parameters(IngestConfig(max_bad_row_share=0.5), NOW, has_history=True)
@@ -53,6 +54,25 @@ def test_parameters_follow_params_and_skip_unseen_bounds_on_empty_store():
     assert params["timestamp_ceiling"] == NOW + 60
     assert params["max_unseen_item_share"] == 0.3
     assert validation.suite_parameters(cfg, NOW, has_history=False)["max_unseen_item_share"] == 1.0
+
+
+def test_a_batch_at_the_bad_row_limit_passes_gx_and_one_more_row_fails_it():
+    """GX's own `mostly` test, for every limit of two decimals and every batch of up to 100 rows: exactly
+    max_bad_row_share bad rows pass (1 - 0.18 was 0.8200000000000001, so 9 bad rows of 50 failed), one more
+    fails, and `bad_rows_allowed` (the count plan decides on and names) is that boundary."""
+    from fractions import Fraction
+
+    from great_expectations.expectations.expectation import _mostly_success
+
+    for hundredths in range(101):
+        share = hundredths / 100
+        mostly = validation.suite_parameters(IngestConfig(max_bad_row_share=share), NOW, True)[
+            "min_good_row_share"]
+        for rows in range(1, 101):
+            limit = int(Fraction(hundredths, 100) * rows)  # exact: floor(share · rows)
+            assert _mostly_success(rows, limit, mostly), (share, rows, limit)
+            assert limit == rows or not _mostly_success(rows, limit + 1, mostly), (share, rows, limit)
+            assert bad_rows_allowed(rows, mostly) == limit, (share, rows)
 
 
 def test_empty_batch_fails_on_row_count_although_row_rules_pass():

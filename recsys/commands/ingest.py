@@ -79,7 +79,7 @@ def ingest(
                 typer.echo(f"  quarantined rows: {summary.quarantine_file}")
     for action in run.actions[run.done_first:]:
         typer.echo(action)
-    if not run and not run.actions:  # `recsys ingest inbox` with an empty inbox
+    if not run and not run.actions and run_error is None:  # an empty inbox (not a first batch that failed)
         typer.echo(NOTHING_TO_INGEST)
     rejected = rejection([dataclasses.asdict(s) for s in run], where.inbox / REJECTED)
     failures = [failure for failure in (run_error, rejected) if failure]

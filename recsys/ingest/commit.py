@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys import store as raw_store
-from recsys.atomic import fsync_dir
+from recsys.atomic import fsync_dir, remove_if_there
 from recsys.config import IngestConfig
 from recsys.ingest.dvc import data_version, dvc_add, dvc_enabled
 from recsys.ingest.errors import IngestError
@@ -131,11 +131,13 @@ def commit(
     except (IngestError, OSError) as err:
         # dvc add failed or the disk is full before data.dvc took the part: undo the append so that the
         # store, data.dvc and the manifest agree again (nothing has recorded the part yet).
+        # Best effort, each step: a cleanup that fails (a path through a file) must not keep the journal,
+        # which would hold every later run and reader on a commit that never happened.
         if part:
-            (where.store / raw_store.INTERACTIONS_DIR / part).unlink(missing_ok=True)
+            remove_if_there(where.store / raw_store.INTERACTIONS_DIR / part)
         if quarantine_file is not None:
-            quarantine_file.unlink(missing_ok=True)
-        journal.unlink(missing_ok=True)
+            remove_if_there(quarantine_file)
+        remove_if_there(journal)
         if isinstance(err, IngestError):
             raise
         raise IngestError(

@@ -16,6 +16,8 @@ keys of a part that a rollback could remove.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sqlite3
 from collections.abc import Iterator
@@ -24,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recsys import store as raw_store
 from recsys.ingest.canonical import KEY
+from recsys.ingest.errors import IngestError
 from recsys.schema import ITEM, TIMESTAMP, USER
 
 log = logging.getLogger(__name__)
@@ -46,7 +50,9 @@ CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQU
 CREATE TABLE IF NOT EXISTS events(
     user INTEGER NOT NULL, item INTEGER NOT NULL, ts INTEGER NOT NULL, PRIMARY KEY(user, item, ts)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS batches(sha TEXT PRIMARY KEY, offset INTEGER NOT NULL) WITHOUT ROWID;
 """
+_MARK_BYTES = 256  # the manifest bytes before the indexed end, hashed: a manifest replaced under it is noticed
 
 
 class KeyIndex:
@@ -88,17 +94,63 @@ class KeyIndex:
         seen[[h[0] for h in hits]] = True
         return seen
 
+    def batch_record(self, manifest: Path, sha: str) -> dict | None:
+        """The manifest's record of the batch whose file has sha256 `sha`, or None. The manifest is indexed
+        by batch (`batches`: sha → byte offset of its line), reading only the lines appended since the last
+        look, so a batch's check costs O(log batches), not a read of the whole history."""
+        for rebuild in (False, True):
+            self._sync_manifest(manifest, rebuild)
+            found = self.db.execute("SELECT offset FROM batches WHERE sha = ?", (sha,)).fetchone()
+            if found is None:
+                return None
+            record = _line_at(manifest, found[0])
+            if record is not None and record.get("batch_sha256") == sha:
+                return record
+        return None  # (indexed from scratch, the line at its offset is another: not reached)
+
+    def _sync_manifest(self, manifest: Path, rebuild: bool = False) -> None:
+        size = manifest.stat().st_size if manifest.exists() else 0
+        mark = self.db.execute("SELECT value FROM meta WHERE key = 'manifest'").fetchone()
+        offset, tail = (int(mark[0].split(":")[0]), mark[0].split(":")[1]) if mark else (0, "")
+        if rebuild or offset > size or _tail(manifest, offset) != tail:  # rewritten, replaced or shortened
+            offset = 0
+            self.db.execute("DELETE FROM batches")
+        if offset == size:
+            return
+        with open(manifest, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a torn last line waits for `repair_manifest`
+        rows, position = [], offset
+        for raw in complete.splitlines(keepends=True):
+            if raw.strip():
+                try:
+                    rows.append((str(json.loads(raw)["batch_sha256"]), position))
+                except (ValueError, KeyError, TypeError) as err:
+                    raise IngestError(f"{manifest}: the line at byte {position} is not a batch record ({err}); "
+                                      "fix it or restore the file from git") from err
+            position += len(raw)
+        with self._transaction():
+            self.db.executemany("INSERT OR IGNORE INTO batches VALUES (?, ?)", rows)  # the first record wins
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('manifest', ?)",
+                            (f"{position}:{_tail(manifest, position)}",))
+
     # ------------------------------------------------------------------------------------------ updates
 
     def add_part(self, path: Path) -> None:
         """Index one part's keys (idempotent: keys already present are ignored)."""
         rows = 0
         with self._transaction():
-            parquet = pq.ParquetFile(path)
-            for batch in parquet.iter_batches(batch_size=_CHUNK_ROWS, columns=KEY):
-                frame = batch.to_pandas()
-                rows += len(frame)
-                self._add_keys(frame)
+            try:
+                parquet = pq.ParquetFile(path)
+                for batch in parquet.iter_batches(batch_size=_CHUNK_ROWS, columns=KEY):
+                    frame = batch.to_pandas()
+                    rows += len(frame)
+                    self._add_keys(frame)
+            except (pa.ArrowException, OSError) as err:  # the transaction rolls back: nothing half-indexed
+                raise IngestError(f"the store's part {path} cannot be read ({err}); put the data version "
+                                  "back with `dvc checkout data.dvc` (or `dvc pull data.dvc`), then run "
+                                  "again") from err
             self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)",
                             (path.name, _stat(path), _fingerprint(path), rows))
 
@@ -180,6 +232,25 @@ class KeyIndex:
             self.db.execute(f"DROP TABLE temp.{name}")
 
 
+def _tail(manifest: Path, end: int) -> str:
+    """The sha256 of the manifest's last `_MARK_BYTES` before byte `end` ("" at 0)."""
+    if end == 0:
+        return ""
+    with open(manifest, "rb") as handle:
+        handle.seek(max(0, end - _MARK_BYTES))
+        return hashlib.sha256(handle.read(min(end, _MARK_BYTES))).hexdigest()
+
+
+def _line_at(manifest: Path, offset: int) -> dict | None:
+    try:
+        with open(manifest, "rb") as handle:
+            handle.seek(offset)
+            record = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _stat(path: Path) -> str:
     """Size, modification time and inode: unchanged, the part is taken as unchanged without reading it (a
     part is written once, under a temp name, then renamed: a rewrite is a new inode)."""
@@ -191,8 +262,6 @@ def _fingerprint(path: Path) -> str:
     """A part's size and the sha256 of its last 64 KiB (the end of its data and the Parquet footer: schema,
     row-group sizes and offsets; all of a small part): read only when `_stat` changed, so `sync` reads no
     part that no one touched."""
-    import hashlib
-
     size = path.stat().st_size
     with open(path, "rb") as handle:
         handle.seek(max(0, size - _TAIL_BYTES))
@@ -204,6 +273,21 @@ def open_index(state_dir: Path) -> Iterator[KeyIndex]:
     """The index in `state_dir` (created when missing). Call only while holding the workspace lock."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / INDEX_FILE
+    try:
+        db = _connect(path)
+    except sqlite3.DatabaseError as err:  # not a database, or damaged: derived data, so start it again
+        log.warning("key index: %s is unreadable (%s); rebuilding it from the store", path, err)
+        for damaged in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            damaged.unlink(missing_ok=True)
+        db = _connect(path)
+    try:
+        yield KeyIndex(db)
+    finally:
+        db.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The index database at `path`, its schema in place (an older layout dropped: `sync` refills it)."""
     db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit (`KeyIndex._transaction`)
     try:
         db.execute("PRAGMA journal_mode=WAL")
@@ -218,6 +302,8 @@ def open_index(state_dir: Path) -> Iterator[KeyIndex]:
             db.executescript("DROP TABLE parts; DROP TABLE users; DROP TABLE items; DROP TABLE events; "
                              "DELETE FROM meta;" + _SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
-        yield KeyIndex(db)
-    finally:
+        db.execute("SELECT count(*) FROM parts").fetchone()  # a damaged page shows here, not mid-ingest
+    except BaseException:
         db.close()
+        raise
+    return db

@@ -9,7 +9,18 @@ from pathlib import Path
 
 from recsys.config import REGISTRY_URL_ENV, ConfigError, IngestConfig, RegistryConfig
 from recsys.ingest.errors import BatchRejected, IngestError
-from recsys.layout import CURVE, EVAL_DIR, METRICS, MODEL_DIR, PARAMS, PREPARED, RESUME, SCRATCH, WARM_DIR
+from recsys.layout import (
+    CURVE,
+    EVAL_DIR,
+    EXPECTATIONS,
+    METRICS,
+    MODEL_DIR,
+    PARAMS,
+    PREPARED,
+    RESUME,
+    SCRATCH,
+    WARM_DIR,
+)
 from recsys.workspace import STATE_DIR
 
 PROCESSED, REJECTED = "processed", "rejected"  # where a run files its batches, inside the inbox
@@ -73,7 +84,28 @@ def check_inbox(where: Paths, config: IngestConfig) -> Paths:
             f"inbox {where.inbox} {why}: a run would take every file there for a batch and move it into the "
             f"inbox's {PROCESSED}/ or {REJECTED}/ folder; set ingest.inbox in {where.params.name} (or --inbox) "
             f"to a folder of its own, such as {IngestConfig.inbox}")
+    _check_outputs(where)
     return where
+
+
+def _check_outputs(where: Paths) -> None:
+    """Refuse quarantine, reports and manifest paths a run cannot or must not write: a file where a folder
+    goes, or a place inside the versioned raw store (`dvc add` would version a report as data), DVC's or
+    git's folders, or the expectation suites."""
+    root = where.root
+    kept = {where.store: "the raw store data.dvc versions", root / ".dvc": "DVC's folder",
+            root / ".git": "git's folder", root / EXPECTATIONS: "the expectation suites"}
+    for key, path, folder in (("quarantine", where.quarantine, True), ("reports", where.reports, True),
+                              ("manifest", where.manifest, False)):
+        resolved = path.resolve()
+        for place, what in kept.items():
+            if resolved.is_relative_to(place.resolve()):
+                raise ConfigError(f"ingest.{key} ({path}) lies in {_shown(place, root)}, {what}: set "
+                                  f"ingest.{key} in {where.params.name} to a path of its own, such as "
+                                  f"{getattr(IngestConfig, key)}")
+        if folder and path.exists() and not path.is_dir():
+            raise ConfigError(f"ingest.{key} ({path}) is a file, not a folder: set ingest.{key} in "
+                              f"{where.params.name} to a folder, such as {getattr(IngestConfig, key)}")
 
 
 def _not_an_inbox(where: Paths, config: IngestConfig) -> str | None:
@@ -100,7 +132,8 @@ def _owned(where: Paths) -> dict[Path, str]:
     root = where.root
     owned = {where.store: "the raw store", where.quarantine: "ingest's quarantine (ingest.quarantine)",
              where.reports: "ingest's reports (ingest.reports)", where.state: "ingest's state and locks",
-             root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository"}
+             root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository",
+             root / EXPECTATIONS: "the expectation suites the batches are validated with"}
     for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
         owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
     # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root) by its defaults,
@@ -147,8 +180,10 @@ def _shown(folder: Path, root: Path) -> str:
 def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | None:
     """The batch files a command line names, checked before anything is locked or moved; None when it names
     the inbox itself, which means every file in it. Each must be a file inside the inbox (a subfolder's too):
-    anything else is a mistake on the command line, refused as one line, not a rejected batch."""
-    files, whole_inbox = [], False
+    anything else is a mistake on the command line, refused as one line, not a rejected batch. A file named
+    twice (`inbox/a.csv ./inbox/a.csv`, or through a link) is one batch, named as it was first: the second
+    name found it already moved to processed/ and was rejected as a missing file."""
+    files, whole_inbox, seen = [], False, set()
     for name in names:
         path = Path(name)
         resolved = path.resolve()
@@ -167,7 +202,9 @@ def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | Non
         if not resolved.is_file():
             raise IngestError(f"{path} is not a regular file: ingest reads one file per batch (CSV, JSON "
                               "lines or Parquet)")
-        files.append(path)
+        if resolved not in seen:
+            seen.add(resolved)
+            files.append(path)
     return None if whole_inbox else files
 
 

@@ -35,14 +35,26 @@ def repair_manifest(manifest: Path) -> None:
     journal."""
     if not manifest.exists():
         return
-    data = manifest.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        with open(manifest, "r+b") as handle:
-            handle.truncate(cut)
-            handle.flush()
-            os.fsync(handle.fileno())
-        log.warning("removed a torn last line from %s", manifest)
+    with open(manifest, "r+b") as handle:  # the end only: every run calls this, whatever the history's size
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        cut, block = size, 1 << 16
+        while cut > 0:  # back to the last newline, a block at a time
+            start = max(0, cut - block)
+            handle.seek(start)
+            newline = handle.read(cut - start).rfind(b"\n")
+            if newline >= 0:
+                cut = start + newline + 1
+                break
+            cut = start
+        handle.truncate(cut)
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.warning("removed a torn last line from %s", manifest)
 
 
 def append_manifest(manifest: Path, record: dict[str, Any]) -> None:

@@ -60,7 +60,7 @@ def plan(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> Pla
     parameters = validation.suite_parameters(config, now, has_history=index.has_events())
     schema = validation.run_suite(validation.SCHEMA_SUITE, raw, parameters)
     if not schema.success:
-        raise BatchRejected(_schema_message(path.name, schema, config), [schema], rows_in=len(raw))
+        raise BatchRejected(_schema_message(path.name, schema, raw), [schema], rows_in=len(raw))
 
     typed = to_canonical(raw)
     # Seen users/items and stored event keys come from the key index: O(batch), whatever the store's size.
@@ -71,8 +71,12 @@ def plan(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> Pla
     bad = (reasons != "").to_numpy()
     counts = group_reasons(reasons[bad])
     bad_share = float(bad.mean()) if len(bad) else 0.0
-    details = {"rows_in": len(raw), "rows_bad": int(bad.sum()), "bad_row_share": bad_share, "reasons": counts}
-    if not batch.success or bad_share > config.max_bad_row_share:
+    # Decided on counts, with GX's own test of `mostly` (bad_rows_allowed): a batch with exactly
+    # ingest.max_bad_row_share bad rows is accepted, by GX and here alike.
+    allowed = bad_rows_allowed(len(raw), parameters["min_good_row_share"])
+    details = {"rows_in": len(raw), "rows_bad": int(bad.sum()), "rows_bad_allowed": allowed,
+               "bad_row_share": bad_share, "reasons": counts}
+    if not batch.success or int(bad.sum()) > allowed:
         raise BatchRejected(_batch_message(path.name, batch, details, config), [schema, batch], **details)
 
     good = typed.loc[~bad, list(CANONICAL)].astype({TIMESTAMP: "int64"})
@@ -102,19 +106,35 @@ def plan(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> Pla
 def _batch_message(
     source: str, batch: validation.SuiteResult, details: dict[str, Any], config: IngestConfig
 ) -> str:
-    rows, bad = details["rows_in"], details["rows_bad"]
+    rows, bad, allowed = details["rows_in"], details["rows_bad"], details["rows_bad_allowed"]
     if rows < config.min_rows:
-        return f"{source}: batch rejected: it has {rows} data rows, at least {config.min_rows} required"
+        return (f"{source}: batch rejected: it has {rows} data row{'' if rows == 1 else 's'}, at least "
+                f"{config.min_rows} required (ingest.min_rows; lower it to accept smaller batches)")
     parts = []
-    if bad:
-        top = ", ".join(f"{n} × {reason}" for reason, n in list(details["reasons"].items())[:3])
+    top = ", ".join(f"{n} × {reason}" for reason, n in list(details["reasons"].items())[:3])
+    # Counts, not rounded percentages: 1001 of 20000 and a limit of 0.05 both read "5.0%".
+    if bad > allowed:
         parts.append(
-            f"{bad} of {rows} rows ({details['bad_row_share']:.1%}) fail row checks "
-            f"(limit {config.max_bad_row_share:.1%}): {top}"
+            f"{bad} of {rows} rows fail row checks, more than the {allowed} that ingest.max_bad_row_share "
+            f"= {config.max_bad_row_share} allows (raise it, or fix the rows): {top}"
         )
+    else:
+        # Within the limit over all rows, yet a row rule failed: GX counts only the rows where its column is
+        # set (an event rule skips the rows without an event), so its share can be larger.
+        parts += [_row_rule_failure(o, config) for o in batch.failures if o.unexpected_count is not None]
     # Row-rule failures are summarised by the reason counts above; table-level ones get their sentence.
     parts += [_table_failure(o, config) for o in batch.failures if o.unexpected_count is None]
     return f"{source}: batch rejected: " + "; ".join(parts)
+
+
+def _row_rule_failure(outcome: validation.ExpectationOutcome, config: IngestConfig) -> str:
+    considered = (outcome.element_count or 0) - (outcome.missing_count or 0)
+    allowed = bad_rows_allowed(considered, float(outcome.kwargs.get("mostly", 1.0)))
+    what = outcome.notes or outcome.expectation
+    return (f"{outcome.unexpected_count} of the {considered} rows whose {outcome.column} is set fail the "
+            f"check '{what}', more than the {allowed} that ingest.max_bad_row_share = "
+            f"{config.max_bad_row_share} allows of them (rows whose {outcome.column} is empty are not "
+            "counted)")
 
 
 # The table-level expectations of the batch suite whose bound is a setting: the sentence for each.
@@ -133,7 +153,7 @@ def _table_failure(outcome: validation.ExpectationOutcome, config: IngestConfig)
     return outcome.describe()
 
 
-def _schema_message(source: str, schema: validation.SuiteResult, config: IngestConfig) -> str:
+def _schema_message(source: str, schema: validation.SuiteResult, raw: pd.DataFrame) -> str:
     problems = []
     missing: set[str] = set()
     for outcome in schema.failures:
@@ -152,7 +172,7 @@ def _schema_message(source: str, schema: validation.SuiteResult, config: IngestC
                 problems.append(f"unexpected column(s) {sorted(mismatched['unexpected'])}")
         else:
             problems.append(
-                f"column {outcome.column!r} has type {outcome.observed}, expected one of "
+                f"column {outcome.column!r} has type {_type_of(outcome, raw)}, expected one of "
                 f"{outcome.kwargs.get('type_list')}"
             )
     hint = (
@@ -163,3 +183,28 @@ def _schema_message(source: str, schema: validation.SuiteResult, config: IngestC
     return f"{source}: wrong schema: {'; '.join(problems) or 'see report'}{hint}"
 
 
+def _type_of(outcome: validation.ExpectationOutcome, raw: pd.DataFrame) -> str:
+    """The type GX observed; for a column of Python objects, which GX calls "None", the type of its values
+    (decimal.Decimal from a Parquet decimal column, say)."""
+    if outcome.observed is not None or outcome.column not in raw.columns:
+        return str(outcome.observed)
+    values = raw[outcome.column].dropna()
+    kinds = sorted({f"{type(v).__module__}.{type(v).__qualname__}".removeprefix("builtins.")
+                    for v in values[:100]})
+    return f"object (values of type {', '.join(kinds) or 'none'})"
+
+
+def passes_mostly(rows: int, bad: int, mostly: float) -> bool:
+    """GX's own test of a column-map expectation's `mostly` (an empty column passes)."""
+    return rows == 0 or (float(rows) - float(bad)) / float(rows) >= mostly
+
+
+def bad_rows_allowed(rows: int, mostly: float) -> int:
+    """The most of `rows` rows that may fail a row check with the batch still accepted: the count at which
+    `passes_mostly` (GX's test) turns, so the verdict and the message's numbers agree."""
+    allowed = min(rows, max(0, int((1.0 - mostly) * rows)))
+    while allowed < rows and passes_mostly(rows, allowed + 1, mostly):
+        allowed += 1
+    while allowed > 0 and not passes_mostly(rows, allowed, mostly):
+        allowed -= 1
+    return allowed

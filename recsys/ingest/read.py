@@ -1,13 +1,15 @@
 """Reading and decoding a batch file (CSV, Parquet, JSON lines) into a frame with the canonical column names.
 
 Values are not converted here (that is `recsys.ingest.canonical`): CSV values stay strings (ids like "007"
-keep their zeros); Parquet and JSON keep their own types. Timestamps (Parquet's, or ISO strings in JSON) become UTC seconds.
+keep their zeros); Parquet and JSON keep their own types, except that timestamps (Parquet's, or ISO strings in
+JSON) become UTC seconds and integers of any width become int64.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,31 @@ def read_batch(path: Path, config: IngestConfig) -> pd.DataFrame:
     CSV values stay strings (ids like "007" keep their zeros); Parquet/JSON keep their own types and the
     schema suite decides whether those are acceptable. Parquet timestamps become UTC seconds here.
     """
-    return map_columns(read_file(path), config, path.name)
+    frame = map_columns(read_file(path), config, path.name)
+    nested = nested_value(frame)
+    if nested:
+        raise BatchRejected(f"{path.name}: {nested}")
+    return frame
+
+
+def nested_value(frame: pd.DataFrame) -> str | None:
+    """Where a canonical column holds a list or an object (JSON `[…]` or `{…}`, a Parquet list or struct)
+    instead of one string or number; the schema suite could only call its type "None"."""
+    for name in CANONICAL:
+        if name not in frame.columns or frame[name].dtype != object:
+            continue
+        present = np.flatnonzero(frame[name].notna().to_numpy())
+        if not len(present):
+            continue
+        # An Arrow column has one type, so its first value tells whether all of them are nested.
+        value = frame[name].iloc[present[0]]
+        if isinstance(value, (dict, list, tuple, np.ndarray)):
+            kind = "an object" if isinstance(value, dict) else "a list"
+            shown = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+            shown = shown if len(shown) <= 60 else shown[:59] + "…"
+            return (f"column {name!r} holds {kind} ({shown}, data row {present[0] + 1}) where one string or "
+                    "number is expected; write one value per field")
+    return None
 
 
 def read_file(path: Path) -> pd.DataFrame:
@@ -97,23 +123,45 @@ def _read_parquet(path: Path) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
         raise BatchRejected(f"{path.name}: cannot read Parquet (truncated or corrupt?): {err}") from err
-    return _times_to_seconds(table)
+    return _uniform_types(table, path.name)
 
 
-def _times_to_seconds(table: pa.Table) -> pa.Table:
-    """Timestamp and date columns (Parquet's own, or ISO strings pyarrow's JSON reader inferred) as UTC
-    epoch seconds, so every reader hands the same value to the canonicaliser."""
-    columns = []
-    for column in table.columns:
+# What pandas' `to_parquet` writes for an index without a name that is not a plain range (a filtered or
+# sorted frame): a column of its own, which `_uniform_types` drops as pandas' own reader would.
+_PANDAS_INDEX = re.compile(r"__index_level_\d+__")
+_INT64_MAX = 2**63 - 1
+
+
+def _uniform_types(table: pa.Table, source: str) -> pa.Table:
+    """The Parquet and JSON readers' types made uniform, so every reader hands the same value to the
+    canonicaliser and the schema suite sees the types it lists: timestamp and date columns (Parquet's own, or
+    ISO strings pyarrow's JSON reader inferred) as UTC epoch seconds, integers of any width or sign as int64
+    (a uint32 id is the same id as an int64 one; `recsys data import table` took them, ingest refused them),
+    dictionary columns decoded, and pandas' unnamed index columns dropped."""
+    index = (table.schema.pandas_metadata or {}).get("index_columns") or []
+    dropped = {name for name in index if isinstance(name, str) and _PANDAS_INDEX.fullmatch(name)}
+    names, columns = [], []
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if name in dropped:
+            continue
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
         if pa.types.is_timestamp(column.type):
             # Naive timestamps are taken as UTC; sub-second precision is truncated to whole seconds.
             column = column.cast(pa.timestamp("s", tz="UTC"), safe=False).cast(pa.int64())
         elif pa.types.is_date(column.type):
             column = pc.multiply(column.cast(pa.date32()).cast(pa.int32()).cast(pa.int64()), 86400)
-        elif pa.types.is_dictionary(column.type):
-            column = column.cast(column.type.value_type)
+        elif pa.types.is_integer(column.type) and column.type != pa.int64():
+            largest = pc.max(column).as_py() if pa.types.is_uint64(column.type) else None
+            if largest is not None and largest > _INT64_MAX:
+                raise BatchRejected(
+                    f"{source}: column {name!r} holds {largest}, above the largest integer ingest reads "
+                    f"({_INT64_MAX}); write the column as strings (ids are kept as strings anyway)"
+                )
+            column = column.cast(pa.int64())
+        names.append(name)
         columns.append(column)
-    return pa.Table.from_arrays(columns, names=table.column_names)
+    return pa.Table.from_arrays(columns, names=names)
 
 
 def _read_jsonl(path: Path) -> pa.Table:
@@ -124,7 +172,7 @@ def _read_jsonl(path: Path) -> pa.Table:
         table = pajson.read_json(io.BytesIO(data))
     except pa.ArrowException as err:
         raise BatchRejected(f"{path.name}: malformed JSON lines: {_arrow_message(err)}") from err
-    return _times_to_seconds(table)
+    return _uniform_types(table, path.name)
 
 
 def _arrow_message(err: Exception) -> str:

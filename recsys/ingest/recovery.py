@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from recsys import store as raw_store
-from recsys.atomic import fsync_dir
+from recsys.atomic import fsync_dir, remove_if_there
 from recsys.config import IngestConfig
 from recsys.ingest.commit import finish_commit, mark_push_pending, record_commit
 from recsys.ingest.dvc import data_version, dvc_enabled, dvc_push, store_recorded
@@ -52,8 +52,9 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
     repair_manifest(paths.manifest)
     if not paths.pending.is_dir():
         return actions
-    recorded = {r["batch_sha256"]: r for r in read_manifest(paths.manifest)}
-    for journal in sorted(paths.pending.glob("*.json")):
+    journals = sorted(paths.pending.glob("*.json"))
+    recorded = {r["batch_sha256"]: r for r in read_manifest(paths.manifest)} if journals else {}
+    for journal in journals:
         entry = json.loads(journal.read_text(encoding="utf-8"))
         record, part = entry["record"], entry["record"]["part_file"]
         sha = record["batch_sha256"]
@@ -64,7 +65,7 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
             action = f"batch {sha[:16]} was already recorded; cleared its journal"
         elif not _written_before_the_crash(part_path, quarantine):
             if quarantine:
-                Path(quarantine).unlink(missing_ok=True)
+                remove_if_there(Path(quarantine))
             action = f"batch {sha[:16]} ({record['source']}) crashed before its part was written; rolled back"
         else:
             record = _complete(paths, entry, index)

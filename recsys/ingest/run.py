@@ -27,7 +27,6 @@ from recsys.ingest.layout import (
     named_batches,
 )
 from recsys.ingest.layout import paths as ingest_paths
-from recsys.ingest.manifest import read_manifest
 from recsys.ingest.plan import plan
 from recsys.ingest.recovery import complete_push, recover_commits
 from recsys.ingest.report import IngestSummary, iso, rejected
@@ -132,6 +131,12 @@ def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
     target = where.inbox / (REJECTED if summary.status == "rejected" else PROCESSED)
     if path.resolve().parent == target:
         return
+    if file_sha256(path) != summary.batch_sha256:
+        # Written to since it was read: its committed rows are stored; the next run reads the whole file
+        # again, and the rows stored now are duplicates it skips.
+        log.warning("%s changed after it was ingested (still being written?): left in the inbox for the next "
+                    "run; %s", path.name, WHOLE_FILES)
+        return
     target.mkdir(exist_ok=True)
     destination = target / path.name
     if destination.exists() and file_sha256(destination) != summary.batch_sha256:
@@ -146,10 +151,11 @@ def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex)
         resolved = check_inside_inbox(path, where.inbox)
     except BatchRejected as rejection:
         return rejected(None, path.name, str(rejection), None, None)
+    settled = _identity(resolved)
     sha = file_sha256(resolved)
-    for record in read_manifest(where.manifest):
-        if record["batch_sha256"] == sha:
-            return _already_ingested(path.name, sha, record)
+    record = index.batch_record(where.manifest, sha)
+    if record is not None:
+        return _already_ingested(path.name, sha, record)
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.stem)[:64]
     report_json = where.reports / f"{stem}-{sha[:16]}.json"
     report_md = where.reports / f"{stem}-{sha[:16]}.md"
@@ -168,7 +174,20 @@ def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex)
         validation.write_report(report, report_json, report_md)
         log.debug("rejected %s: %s", path.name, summary.message)  # the caller says it, once
         return summary
+    if _identity(resolved) != settled:  # still being written: nothing committed, and it stays where it is
+        return rejected(None, path.name, f"{path.name} changed while it was read (still being written?); it "
+                        f"stays in the inbox for the next run: {WHOLE_FILES}", None, None)
     return commit(sha, path.name, planned, where, config, report_json, report_md, base, index)
+
+
+# How a producer hands a batch over, so that no run ever reads half of it.
+WHOLE_FILES = ("write a batch elsewhere (or under a name starting with '.'), then move it into the inbox in "
+               "one step (mv)")
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _already_ingested(source: str, sha: str, record: dict) -> IngestSummary:

@@ -102,3 +102,87 @@ def test_a_part_rewritten_at_the_same_size_is_noticed_and_an_older_index_is_rebu
     with open_index(repo / ".ingest") as index:
         assert index.sync(repo / "data") == [SEED_PART] and index.seen(new).all()
 
+
+
+def test_a_damaged_index_is_rebuilt_from_the_store(tmp_path):
+    """The README says the index may be deleted; one overwritten with garbage was a 64-line traceback on
+    every run ("file is not a database")."""
+    repo = make_repo(tmp_path / "repo")
+    ingest_batches([write_frame(repo / "inbox" / "h.csv", events(30))], repo, CFG)
+    (repo / ".ingest" / INDEX_FILE).write_bytes(b"garbage, not SQLite" * 64)
+    batch = pd.concat([events(5, start=25), events(5, start=100)], ignore_index=True)  # 5 already stored
+    [summary] = ingest_batches([write_frame(repo / "inbox" / "b.csv", batch)], repo, CFG)
+    assert (summary.status, summary.rows_accepted, summary.rows_duplicate) == ("ingested", 5, 5)
+    with open_index(repo / ".ingest") as index:
+        assert index.seen(read_store(repo / "data")).all()
+
+
+def test_an_unreadable_store_part_is_one_line_naming_it_and_what_puts_it_back(tmp_path):
+    import pytest
+
+    from recsys.ingest import IngestError
+
+    repo = make_repo(tmp_path / "repo")
+    ingest_batches([write_frame(repo / "inbox" / "h.csv", events(30))], repo, CFG)
+    (repo / ".ingest" / INDEX_FILE).unlink()  # the index must read the part again
+    [part] = raw_store.list_parts(repo / "data")
+    part.chmod(0o644)
+    part.write_bytes(part.read_bytes()[: len(part.read_bytes()) // 2])
+    with pytest.raises(IngestError) as err:
+        ingest_batches([write_frame(repo / "inbox" / "b.csv", events(5, start=100))], repo, CFG)
+    said = str(err.value)
+    assert f"the store's part {part} cannot be read" in said and "dvc checkout data.dvc" in said
+    assert "\n" not in str(err.value) and not err.value.transient
+    assert (repo / "inbox" / "b.csv").exists()  # the batch waits for the store to be put back
+
+
+def test_a_batch_is_looked_up_in_the_index_not_by_reading_the_whole_manifest(tmp_path, monkeypatch):
+    """Each batch read every manifest line to see whether it was ingested before: O(history) a batch."""
+    import json
+
+    from recsys.ingest import manifest as manifest_module
+    from recsys.ingest import recovery
+
+    repo = make_repo(tmp_path / "repo")
+    first = write_frame(repo / "inbox" / "1.csv", events(10))
+    ingest_batches([first], repo, CFG)
+    copy = write_frame(repo / "inbox" / "again.csv", events(10))  # the same bytes under another name
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("read the whole manifest")
+
+    monkeypatch.setattr(recovery, "read_manifest", forbidden)
+    monkeypatch.setattr(manifest_module, "read_manifest", forbidden)
+    [again] = ingest_batches([copy], repo, CFG)
+    assert again.status == "duplicate_batch" and "already ingested from 1.csv" in again.message
+    [new] = ingest_batches([write_frame(repo / "inbox" / "2.csv", events(10, start=50))], repo, CFG)
+    assert new.status == "ingested"
+    monkeypatch.undo()
+
+    # A manifest replaced under the index (a `git checkout` of another one) is indexed again, not trusted.
+    manifest = repo / "ingest_manifest.jsonl"
+    lines = manifest.read_text().splitlines(keepends=True)
+    manifest.write_text("".join(reversed(lines)))
+    with open_index(repo / ".ingest") as index:
+        for line in lines:
+            record = json.loads(line)
+            assert index.batch_record(manifest, record["batch_sha256"]) == record
+        assert index.batch_record(manifest, "0" * 64) is None
+    manifest.write_text(lines[0])  # shortened: the second batch is no longer recorded
+    with open_index(repo / ".ingest") as index:
+        assert index.batch_record(manifest, json.loads(lines[1])["batch_sha256"]) is None
+
+
+def test_a_torn_last_manifest_line_is_cut_reading_only_the_end(tmp_path):
+    from recsys.ingest.manifest import repair_manifest
+
+    manifest = tmp_path / "m.jsonl"
+    whole = "".join(f'{{"batch_sha256": "{i:064x}"}}\n' for i in range(2000))  # > one 64 KiB block
+    manifest.write_text(whole + '{"batch_sha256": "ab')
+    repair_manifest(manifest)
+    assert manifest.read_text() == whole
+    repair_manifest(manifest)
+    assert manifest.read_text() == whole
+    manifest.write_text('{"torn')  # no complete line at all
+    repair_manifest(manifest)
+    assert manifest.read_bytes() == b""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,24 @@ def test_recover_rolls_back_a_commit_whose_part_never_appeared(tmp_path):
     assert len(read_store(repo / "data")) == 40 and not any((repo / "quarantine").glob("*"))
     [summary] = ingest.ingest_batches([path], repo, CFG)  # the retry lands it, once
     assert summary.status == "ingested" and len(read_store(repo / "data")) == 59
+
+
+@pytest.mark.slow
+def test_a_rollback_whose_quarantine_folder_became_a_file_still_clears_its_journal(tmp_path):
+    """Removing the quarantine file through a path whose folder is a file raised NotADirectoryError (unlink's
+    missing_ok covers only a missing file): the journal stayed, and every later run and reader failed on it."""
+    repo = make_repo(tmp_path / "repo")
+    ingest.ingest_batches([write_frame(repo / "inbox" / "h.csv", events(40))], repo, CFG)
+    batch = events(20, start=100)
+    batch.loc[0, "user_id"] = None
+    path = write_frame(repo / "inbox" / "b.csv", batch)
+    crash(repo, path, "after_journal")
+    quarantine = repo / "quarantine"
+    shutil.rmtree(quarantine, ignore_errors=True)  # (a kill after the journal: its file may not be written)
+    quarantine.write_text("a file where the folder was\n")
+    actions = ingest.recover(repo, CFG)
+    assert len(actions) == 1 and "rolled back" in actions[0]
+    assert not needs_recovery(ingest_paths(repo, CFG)) and len(read_store(repo / "data")) == 40
 
 
 @pytest.mark.slow

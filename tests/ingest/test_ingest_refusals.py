@@ -58,6 +58,8 @@ def cli(repo, *args):
     ("artifacts/models", "{repo}/artifacts/models lies in artifacts/, the pipeline's outputs"),
     ("registry", ("{repo}/registry is registry/, the model registry "
                   "(registry.url, registry.artifact_root)")),
+    ("expectations", ("{repo}/expectations is expectations/, the expectation suites the batches are "
+                      "validated with")),
 ], ids=lambda value: value if "{" not in value else "")
 @pytest.mark.parametrize("args", [[], ["README.md"]], ids=["whole inbox", "a file"])
 def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, inbox, why, args):
@@ -70,6 +72,31 @@ def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, i
     assert done.stderr.splitlines() == [f"error: inbox {why.format(repo=repo)}: {NOT_AN_INBOX}"], done.stderr
     assert done.stdout == ""
     assert tree(repo) == before  # nothing moved, locked, written or created
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("quarantine: params.yaml", ("ingest.quarantine ({repo}/params.yaml) is a file, not a folder: set "
+                                 "ingest.quarantine in params.yaml to a folder, such as quarantine")),
+    ("reports: data/reports", ("ingest.reports ({repo}/data/reports) lies in data/, the raw store data.dvc "
+                               "versions: set ingest.reports in params.yaml to a path of its own, such as "
+                               "reports/ingest")),
+    ("manifest: .dvc/m.jsonl", ("ingest.manifest ({repo}/.dvc/m.jsonl) lies in .dvc/, DVC's folder: set "
+                                "ingest.manifest in params.yaml to a path of its own, such as "
+                                "ingest_manifest.jsonl")),
+], ids=["quarantine is a file", "reports in the store", "manifest in .dvc"])
+def test_an_output_path_a_run_cannot_or_must_not_write_is_refused_before_anything_is_touched(repo, setting,
+                                                                                              says):
+    """`quarantine: params.yaml` failed in the commit, whose cleanup then failed too and left a journal that
+    broke every later run and reader; `reports: data` wrote reports into the versioned raw store."""
+    (repo / "params.yaml").write_text(PARAMS.format(inbox="inbox") + f"  {setting}\n")
+    batch = events(10, start=500)
+    batch.loc[0, "user_id"] = None  # one row to quarantine
+    write_frame(repo / "inbox" / "b.csv", batch)
+    before = tree(repo)
+    done = cli(repo)
+    assert (done.returncode, done.stdout) == (1, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [f"error: {says.format(repo=repo)}"], done.stderr
+    assert tree(repo) == before
 
 
 @pytest.mark.parametrize("name, says", [

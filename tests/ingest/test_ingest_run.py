@@ -107,6 +107,101 @@ def test_column_mapping_iso_timestamps_and_integer_ids(repo):
     assert stored.loc[stored["user_id"] == "p1", "timestamp"].tolist() == [T0]  # Parquet timestamps → seconds
 
 
+def test_parquet_integers_of_any_width_and_a_pandas_index_are_read_as_the_seed_import_reads_them(repo):
+    """`recsys data import table` took these; ingest said "wrong schema: column 'user_id' has type uint32"
+    and, for any `to_parquet()` of a filtered frame, "unexpected column(s) ['__index_level_0__']"."""
+    from recsys.data import read_table
+
+    widths = pa.table({
+        "user_id": pa.array([1, 2**32 - 1], pa.uint32()), "item_id": pa.array([-3, 4], pa.int16()),
+        "timestamp": pa.array([T0 + 10**6, T0 + 10**6 + 1], pa.uint32()),
+        "rating": pa.array([4, 5], pa.int8()),
+    })
+    path = repo / "inbox" / "widths.parquet"
+    pq.write_table(widths, path)
+    summary = ingest_one(repo, path)
+    assert summary.status == "ingested", summary.message
+    stored = read_store(repo / "data").tail(2).reset_index(drop=True)
+    assert stored["user_id"].tolist() == ["1", str(2**32 - 1)] and stored["item_id"].tolist() == ["-3", "4"]
+    assert stored["timestamp"].tolist() == [T0 + 10**6, T0 + 10**6 + 1]
+    assert stored["rating"].tolist() == [4.0, 5.0]
+    seed = read_table(path)  # what the seed import makes of the same file
+    assert seed[["user_id", "item_id", "timestamp"]].astype(str).values.tolist() == (
+        stored[["user_id", "item_id", "timestamp"]].astype(str).values.tolist())
+
+    filtered = events(8, start=1600).iloc[[6, 1, 3, 4]]  # not a range: pandas writes the index as a column
+    filtered.to_parquet(repo / "inbox" / "filtered.parquet")
+    assert "__index_level_0__" in pq.read_schema(repo / "inbox" / "filtered.parquet").names
+    summary = ingest_one(repo, repo / "inbox" / "filtered.parquet")
+    assert (summary.status, summary.rows_accepted) == ("ingested", 4), summary.message
+
+
+@pytest.mark.parametrize("share, rows", [(0.18, 50), (0.42, 50), (0.7, 10), (0.84, 25)])
+def test_a_batch_with_exactly_the_allowed_share_of_bad_rows_is_accepted(repo, share, rows):
+    """9 bad rows of 50 with ingest.max_bad_row_share 0.18 said "batch rejected: 9 of 50 rows (18.0%) fail
+    row checks (limit 18.0%)": GX's `mostly` was 1 - 0.18 = 0.8200000000000001, above 41/50."""
+    bad = round(share * rows)
+    frame = events(rows, start=1700)
+    frame.loc[: bad - 1, "user_id"] = None
+    cfg = config(max_bad_row_share=share)
+    summary = ingest_one(repo, write_frame(repo / "inbox" / "at_limit.csv", frame), cfg)
+    assert summary.status == "ingested", summary.message
+    assert (summary.rows_accepted, summary.rows_quarantined) == (rows - bad, bad)
+
+    frame.loc[bad, "user_id"] = None  # one more is over the limit, said in rows
+    summary = ingest_one(repo, write_frame(repo / "inbox" / "over.csv", frame), cfg)
+    assert summary.status == "rejected"
+    assert summary.message.startswith(
+        f"batch rejected: {bad + 1} of {rows} rows fail row checks, more than the {bad} that "
+        f"ingest.max_bad_row_share = {share} allows (raise it, or fix the rows): "), summary.message
+
+
+def test_a_rejection_by_a_hair_says_the_counts(repo):
+    """1001 bad rows of 20000 with a limit of 0.05 said "(5.0%) … (limit 5.0%)"."""
+    frame = events(20000, start=10**5, users=5, items=7)
+    frame.loc[:1000, "user_id"] = None
+    cfg = config(max_bad_row_share=0.05)
+    summary = ingest_one(repo, write_frame(repo / "inbox" / "hair.csv", frame), cfg)
+    assert summary.message == (
+        "batch rejected: 1001 of 20000 rows fail row checks, more than the 1000 that "
+        "ingest.max_bad_row_share = 0.05 allows (raise it, or fix the rows): 1001 × user_id is missing or "
+        "empty"), summary.message
+
+
+def test_too_few_rows_names_the_setting(repo):
+    path = write_frame(repo / "inbox" / "one.csv", events(1, start=1800))
+    summary = ingest_one(repo, path, config(min_rows=5))
+    assert summary.message == ("batch rejected: it has 1 data row, at least 5 required (ingest.min_rows; "
+                               "lower it to accept smaller batches)"), summary.message
+
+
+def test_a_row_rule_gx_counts_over_the_set_values_says_so(repo):
+    """GX's `mostly` counts only the rows where the column is set: 2 unknown events among 2 set ones fail it,
+    although 2 of 10 rows is within 0.2. It said "2 of 10 rows (20.0%) fail row checks (limit 20.0%)"."""
+    frame = events(10, start=1900)
+    frame["event"] = [None] * 8 + ["bogus", "bogus"]
+    summary = ingest_one(repo, write_frame(repo / "inbox" / "events.csv", frame))
+    assert summary.message == (
+        "batch rejected: 2 of the 2 rows whose event is set fail the check 'event is not one of "
+        "ingest.allowed_events', more than the 0 that ingest.max_bad_row_share = 0.2 allows of them (rows "
+        "whose event is empty are not counted)"), summary.message
+
+
+def test_a_file_named_twice_is_one_batch(repo, monkeypatch):
+    """`recsys ingest inbox/a.csv ./inbox/a.csv` ingested a.csv, then rejected it as missing (it had been
+    moved to processed/) and exited 1."""
+    write_frame(repo / "inbox" / "twice.csv", events(3, start=2000))
+    params = repo / "params.yaml"
+    params.write_text("ingest:\n  dvc_push: false\n  max_unseen_item_share: 1.0\n")
+    monkeypatch.chdir(repo)
+    result = CliRunner().invoke(app, ["inbox/twice.csv", str(repo / "inbox" / "twice.csv"), "--params",
+                                      str(params)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("twice.csv: ingested 3 rows (data version"), result.output
+    assert result.output.count("twice.csv") == 1, result.output
+    assert (repo / "inbox" / "processed" / "twice.csv").is_file()
+
+
 def test_bad_rows_are_quarantined_with_a_reason_and_good_rows_land(repo):
     rows = events(20, start=200)
     rows.loc[3, "user_id"] = None
@@ -198,6 +293,18 @@ def _mostly_bad_timestamps(path):
     write_frame(path, frame)
 
 
+def _decimal_ids(path):
+    from decimal import Decimal
+
+    ids = pa.array([Decimal(1), Decimal(2)], pa.decimal128(10, 0))
+    pq.write_table(pa.table({"user_id": ids, "item_id": ["a", "b"], "timestamp": [T0, T0]}), path)
+
+
+def _huge_unsigned_ids(path):
+    ids = pa.array([2, 2**64 - 1], pa.uint64())
+    pq.write_table(pa.table({"user_id": ids, "item_id": ["a", "b"], "timestamp": [T0, T0]}), path)
+
+
 def _csv(text):
     return lambda path: path.write_bytes(text if isinstance(text, bytes) else text.encode())
 
@@ -214,12 +321,14 @@ CATALOGUE = [
     (
         "text_timestamps.csv",
         _csv("user_id,item_id,timestamp\nu1,i1,yesterday\nu2,i2,soon\n"),
-        r"2 of 2 rows \(100.0%\) fail row checks .*timestamp is neither UTC seconds nor ISO-8601",
+        (r"2 of 2 rows fail row checks, more than the 0 that ingest.max_bad_row_share = 0.2 allows "
+         r".*timestamp is neither UTC seconds nor ISO-8601"),
     ),
     (
         "null_ids.csv",
         _mostly_null_ids,
-        r"6 of 10 rows \(60.0%\) fail row checks .*6 × user_id is missing or empty",
+        (r"6 of 10 rows fail row checks, more than the 2 that ingest.max_bad_row_share = 0.2 allows "
+         r".*6 × user_id is missing or empty"),
     ),
     (
         "timestamps.csv",
@@ -260,6 +369,26 @@ CATALOGUE = [
         r"column 'event' has type int64",
     ),
     ("notes.txt", _csv("hello"), r"unknown file type '.txt'"),
+    # These said "wrong schema: column 'user_id' has type None".
+    (
+        "object.jsonl",
+        _csv(f'{{"user_id": {{"id": 1}}, "item_id": "i1", "timestamp": {T0}}}\n'),
+        (r"^column 'user_id' holds an object \(\{'id': 1\}, data row 1\) where one string or number is "
+         r"expected; write one value per field$"),
+    ),
+    (
+        "list.jsonl",
+        _csv(f'{{"user_id": "u1", "item_id": null, "timestamp": {T0}}}\n'
+             f'{{"user_id": "u2", "item_id": ["i1", "i2"], "timestamp": {T0}}}\n'),
+        r"^column 'item_id' holds a list \(\['i1', 'i2'\], data row 2\) where one string or number",
+    ),
+    ("decimal.parquet", _decimal_ids, r"column 'user_id' has type object \(values of type decimal.Decimal\)"),
+    (
+        "huge.parquet",
+        _huge_unsigned_ids,
+        (r"^column 'user_id' holds 18446744073709551615, above the largest integer ingest reads "
+         r"\(9223372036854775807\); write the column as strings"),
+    ),
 ]
 
 
@@ -433,3 +562,56 @@ def test_cli_with_nothing_to_do_says_so_and_creates_nothing(tmp_path):
     result = CliRunner().invoke(app, ["--params", str(tmp_path / "params.yaml")])
     assert result.exit_code == 0 and result.output.strip() == NOTHING_TO_INGEST, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # no lock, no key index
+
+
+def _append_rows(path, frame) -> None:
+    """What a producer still writing the file does: more rows at its end."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(frame.to_csv(index=False, header=False))
+
+
+def test_a_batch_written_to_while_it_is_read_is_not_committed_and_stays_in_the_inbox(tmp_path, monkeypatch):
+    """A file still being copied in was ingested in part and moved to processed/: its later rows were lost.
+    (A writer racing the run is simulated: the rows arrive while the batch is planned.)"""
+    from recsys.ingest import run as run_module
+
+    repo = make_repo(tmp_path / "repo")
+    path = write_frame(repo / "inbox" / "export.csv", events(20))
+    real_plan = run_module.plan
+
+    def plan_while_written(resolved, *args, **kwargs):
+        planned = real_plan(resolved, *args, **kwargs)
+        _append_rows(resolved, events(10, start=20))
+        return planned
+
+    monkeypatch.setattr(run_module, "plan", plan_while_written)
+    [refused] = ingest.ingest_inbox(repo, CFG)
+    assert refused.status == "rejected" and refused.message.startswith(
+        "export.csv changed while it was read (still being written?); it stays in the inbox for the next run: "
+        "write a batch elsewhere"), refused.message
+    assert path.exists() and not (repo / "data").exists()  # nothing stored, nothing moved
+    monkeypatch.undo()
+    [summary] = ingest.ingest_inbox(repo, CFG)
+    assert (summary.status, summary.rows_accepted) == ("ingested", 30) and not path.exists()
+
+
+def test_a_batch_written_to_after_its_rows_were_stored_stays_and_the_rest_lands_next_run(tmp_path,
+                                                                                          monkeypatch):
+    from recsys.ingest import run as run_module
+
+    repo = make_repo(tmp_path / "repo")
+    path = write_frame(repo / "inbox" / "export.csv", events(20))
+    real_commit = run_module.commit
+
+    def commit_then_written(*args, **kwargs):
+        summary = real_commit(*args, **kwargs)
+        _append_rows(path, events(10, start=20))
+        return summary
+
+    monkeypatch.setattr(run_module, "commit", commit_then_written)
+    [first] = ingest.ingest_inbox(repo, CFG)
+    assert first.rows_accepted == 20 and path.exists()  # not moved: the file is not what was stored
+    monkeypatch.undo()
+    [second] = ingest.ingest_inbox(repo, CFG)
+    assert (second.rows_accepted, second.rows_duplicate) == (10, 20) and not path.exists()
+    assert len(read_store(repo / "data")) == 30
