@@ -405,7 +405,7 @@ def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path
 
     flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
     missing = str(tmp_path / "no-repo")
-    with pytest.raises(ConfigError, match="fan_out_idle_minutes must be > 0, got 0"):
+    with pytest.raises(ConfigError, match="fan_out_idle_minutes must be a finite number > 0, got 0"):
         flow.fn(repo_root=missing, fan_out="train-model/worker", fan_out_idle_minutes=0)
     for bad in (0, -2, 2.5, True, 10**20):
         with pytest.raises(ConfigError, match=rf"epochs override must be a whole number from 1 to 1,000,000 "
