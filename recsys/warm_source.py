@@ -2,9 +2,9 @@
 
 Run before `dvc repro` — by the retrain flow, `recsys warm` and `recsys bootstrap` — because the train stage
 never opens the registry: what it starts from must be a file DVC can hash. For a model whose `train.init`
-is `warm` or `auto` the source is the registry champion when it is a version of that model (its artifact
-verified, then copied in), else a note saying why there is none; for `cold` and counting models the note
-is a constant, so their stages never re-run because the champion changed.
+is `warm` or `auto` the source is a registry champion of that model (below; its artifact verified, then
+copied in), else a note saying why there is none; for `cold` and counting models the note is a constant,
+so their stages never re-run because the champion changed.
 
 What a model starts from depends on the registry and the data version alone — never on what a workspace held
 before — so a fresh clone resolves what the workspace that trained resolved, and DVC's run-cache key for

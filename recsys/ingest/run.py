@@ -92,9 +92,9 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
         run.done_first = len(run.actions)
         try:
             for path in inbox_files(where) if files is None else files:
-                summary = _ingest_one(path, where, config, index)
+                summary, read_as = _ingest_one(path, where, config, index)
                 if move:
-                    _file_away(path, summary, where)
+                    _file_away(path, summary, where, read_as)
                 run.append(summary)
         except Exception as err:  # e.g. `dvc add` failing at the third batch: the first two are done
             with contextlib.suppress(AttributeError):  # (an exception that takes no attributes: not ours)
@@ -122,7 +122,7 @@ def _push(
     return None
 
 
-def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
+def _file_away(path: Path, summary: IngestSummary, where: Paths, read_as: tuple[int, int] | None) -> None:
     """Move a batch out of the inbox once it is dealt with, so the inbox holds only what is new; a file of
     the same name already there with other bytes is kept (the batch's name gets its sha256's first 12
     hex digits)."""
@@ -131,9 +131,9 @@ def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
     target = where.inbox / (REJECTED if summary.status == "rejected" else PROCESSED)
     if path.resolve().parent == target:
         return
-    if file_sha256(path) != summary.batch_sha256:
-        # Written to since it was read: its committed rows are stored; the next run reads the whole file
-        # again, and the rows stored now are duplicates it skips.
+    if _identity(path) != read_as:
+        # Written to since it was read (`read_as`: its size and mtime then): its committed rows are stored;
+        # the next run reads the whole file again, and the rows stored now are duplicates it skips.
         log.warning("%s changed after it was ingested (still being written?): left in the inbox for the next "
                     "run; %s", path.name, WHOLE_FILES)
         return
@@ -145,17 +145,19 @@ def _file_away(path: Path, summary: IngestSummary, where: Paths) -> None:
     os.replace(path, destination)
 
 
-def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex) -> IngestSummary:
+def _ingest_one(path: Path, where: Paths, config: IngestConfig,
+                index: KeyIndex) -> tuple[IngestSummary, tuple[int, int] | None]:
+    """The batch's summary, and its size and mtime when it was read (None when refused before reading)."""
     started = time.time()
     try:
         resolved = check_inside_inbox(path, where.inbox)
     except BatchRejected as rejection:
-        return rejected(None, path.name, str(rejection), None, None)
+        return rejected(None, path.name, str(rejection), None, None), None
     settled = _identity(resolved)
     sha = file_sha256(resolved)
     record = index.batch_record(where.manifest, sha)
     if record is not None:
-        return _already_ingested(path.name, sha, record)
+        return _already_ingested(path.name, sha, record), settled
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.stem)[:64]
     report_json = where.reports / f"{stem}-{sha[:16]}.json"
     report_md = where.reports / f"{stem}-{sha[:16]}.md"
@@ -173,11 +175,11 @@ def _ingest_one(path: Path, where: Paths, config: IngestConfig, index: KeyIndex)
         }
         validation.write_report(report, report_json, report_md)
         log.debug("rejected %s: %s", path.name, summary.message)  # the caller says it, once
-        return summary
+        return summary, settled
     if _identity(resolved) != settled:  # still being written: nothing committed, and it stays where it is
         return rejected(None, path.name, f"{path.name} changed while it was read (still being written?); it "
-                        f"stays in the inbox for the next run: {WHOLE_FILES}", None, None)
-    return commit(sha, path.name, planned, where, config, report_json, report_md, base, index)
+                        f"stays in the inbox for the next run: {WHOLE_FILES}", None, None), None
+    return commit(sha, path.name, planned, where, config, report_json, report_md, base, index), settled
 
 
 # How a producer hands a batch over, so that no run ever reads half of it.

@@ -275,7 +275,7 @@ class Registry(RegistryReads):
         metric = self.gate.metric
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         replay = self._recorded_decision(stored.sha256, fingerprint)
-        champion_now = self.champion_version()
+        champion_now = self.champion_version() if replay is not None else None
         if replay is not None and not _outdated(replay, champion_now):
             if replay.promoted and champion_now != replay.version:
                 # Promoted once, champion no longer (a rollback, or a later promotion): the replay moves
