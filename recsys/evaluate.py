@@ -46,9 +46,17 @@ class EvalResult:
     seconds: float
 
 
+# The ranking rule's version, in every evaluation fingerprint: scores stored under another rule (a champion's
+# in the registry) are not compared with today's but re-scored. 2: a repeated target is a miss
+# (`recsys.ranking.ranks_of`); 1 ranked it among the unseen items.
+PROTOCOL_VERSION = 2
+
+
 def eval_fingerprint(prepared: Prepared, split: str) -> str:
-    """Identifies the evaluation set: the same prepared dataset and split ⇒ the same users, inputs, targets."""
-    return hashlib.sha256(f"{prepared.fingerprint['fingerprint']}:{split}".encode()).hexdigest()
+    """Identifies the evaluation: the same prepared dataset, split and ranking rule ⇒ the same users, inputs,
+    targets and rank of each (a model's figures comparable with another's)."""
+    key = f"{prepared.fingerprint['fingerprint']}:{split}"
+    return hashlib.sha256(f"{key}:protocol{PROTOCOL_VERSION}".encode()).hexdigest()
 
 
 def evaluate_model(

@@ -18,6 +18,7 @@ from recsys.evaluate import eval_fingerprint, evaluate_checkpoint, evaluate_mode
 from recsys.models.base import Batch, SequentialModel
 from recsys.models.mostpop import MostPop, MostPopConfig
 from recsys.prepare import TEST, TRAIN, load, prepare, save
+from recsys.ranking import MISS_RANK
 from recsys.sequences import SequenceData
 
 METRIC_KEYS = {"ndcg@5", "ndcg@10", "ndcg@20", "hr@5", "hr@10", "hr@20", "mrr"}
@@ -51,8 +52,11 @@ def test_ranks_with_hand_computable_scores(tiny_prepared):
     expected = []
     for t in data.eval_targets("test"):
         target, seen = int(data.items[t]), seen_before(data, t)
-        expected.append(1 + sum(1 for i in range(target + 1, n + 1) if i not in seen))
+        # a target the user already has in the input (a repeat) is a miss, after every item (PROTOCOL.md)
+        expected.append(MISS_RANK if target in seen else 1 + sum(1 for i in range(target + 1, n + 1)
+                                                                 if i not in seen))
     assert result.per_user["rank"].tolist() == expected
+    assert MISS_RANK in expected and min(expected) <= n  # both cases occur in the tiny data
 
 
 def test_constant_scores_rank_target_last_among_unseen(tiny_prepared):
@@ -61,7 +65,8 @@ def test_constant_scores_rank_target_last_among_unseen(tiny_prepared):
     model = ScriptedScores(torch.zeros(n + 1))
     result = evaluate_model(model, tiny_prepared, "valid")
     data = SequenceData.from_prepared(tiny_prepared)
-    expected = [n - len(seen_before(data, t) - {int(data.items[t])}) for t in data.eval_targets("valid")]
+    expected = [MISS_RANK if int(data.items[t]) in seen_before(data, t) else n - len(seen_before(data, t))
+                for t in data.eval_targets("valid")]
     assert result.per_user["rank"].tolist() == expected
 
 
@@ -180,7 +185,9 @@ def test_unknown_targets_rank_last_and_new_items_never_recommended(vocabulary_ch
         target = new_raw[data.items[t] - 1]
         seen = {new_raw[i - 1] for i in seen_before(data, t)}
         candidates = [raw for raw in new_raw if raw != target and raw not in seen]
-        if target not in known:
+        if target in seen:  # a repeat: a miss (PROTOCOL.md masks every item in the input)
+            expected.append(MISS_RANK)
+        elif target not in known:
             unknown_targets += 1
             expected.append(1 + len(candidates))  # last
         else:
@@ -201,9 +208,11 @@ def test_vocabulary_change_with_a_neural_model(trained_sasrec, vocabulary_change
     n_unknown = 0
     for rank, t in zip(ranks, data.eval_targets("test")):
         target = int(data.items[t])
-        if raw[target - 1] in new_items:
+        if target in seen_before(data, t):  # a repeat: a miss
+            assert rank == MISS_RANK
+        elif raw[target - 1] in new_items:
             n_unknown += 1
-            assert rank == new.n_items - len(seen_before(data, t) - {target})  # last among candidates
+            assert rank == new.n_items - len(seen_before(data, t))  # last among candidates
         else:
             # A known target is never beaten by a new item: at most the known unseen candidates beat it.
             known_candidates = [i for i in range(1, new.n_items + 1)
