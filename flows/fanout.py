@@ -29,10 +29,12 @@ RESUBMITS = 2  # a model's run is handed out at most 1 + RESUBMITS times when it
 STARTED = {"PENDING", "RUNNING", "CANCELLING"}  # state types of a run some worker has taken
 
 
-def check_deployment(deployment: str, root: Path, commit: str) -> None:
-    """The deployment exists on this API (else one line saying how to create it); warn when its pool has no
-    worker online (the runs then wait, Scheduled, until one starts), and when its workers clone another
-    repository than `origin`, against which `commit` was found pushed (`fanout.clone_mismatch`)."""
+def check_deployment(deployment: str, root: Path, commit: str, warn: bool = True) -> None:
+    """The deployment exists on this API (else one line saying how to create it) and its pull step names a
+    repository (a `{{ $RECSYS_GIT_URL }}` deployed unset stays a template no worker can clone); with `warn`,
+    warn when its pool has no worker online (the runs then wait, Scheduled, until one starts), and when its
+    workers clone another repository than `origin`, against which `commit` was found pushed
+    (`fanout.clone_mismatch`)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -44,6 +46,14 @@ def check_deployment(deployment: str, root: Path, commit: str) -> None:
         pool = found.work_pool_name
         online = [w for w in client.read_workers_for_work_pool(pool) if str(w.status).upper().endswith("ONLINE")] \
             if pool else []
+    unresolved = [url for url in fanout.clone_urls(found.pull_steps) if "{{" in url]
+    if unresolved:
+        raise ConfigError(f"fan_out: deployment {deployment!r} clones {unresolved[0]!r}, a template left "
+                          "unresolved (RECSYS_GIT_URL was not set when it was deployed); redeploy with "
+                          "`RECSYS_GIT_URL=<the repository's URL> prefect deploy --prefect-file prefect-fanout.yaml "
+                          "--all`")
+    if not warn:
+        return
     elsewhere = fanout.clone_mismatch(root, commit, found.pull_steps)
     if elsewhere:
         get_run_logger().warning("fan-out: %s", elsewhere)

@@ -159,13 +159,7 @@ def retrain(
         logger.warning("params.yaml: put back the original that an interrupted --epochs run left rewritten")
     params = load_params(paths.params)
     selected = select_models(params, models)
-    commit = None
-    if fan_out:  # refuse what fan-out cannot do before anything runs (the one place these checks run)
-        from flows.fanout import check_deployment
-
-        check_fan_out(params, selected, force, root)
-        commit = committed_head(root)
-        check_deployment(fan_out, root, commit)
+    commit = fan_out_ready(root, params, selected, force, fan_out) if fan_out else None
     bootstrap(str(root))
     for line in warm_sources(str(root)):
         logger.info("warm source %s", line)
@@ -205,6 +199,19 @@ def retrain(
         "candidate": candidate,
         "decision": decision,
     }
+
+
+def fan_out_ready(root: Path, params: Any, selected: list[str], force: bool, fan_out: str,
+                  warn: bool = True) -> str:
+    """Refuse what fan-out cannot do, before anything runs (the one home of these checks: this flow's start,
+    and the pipeline's before it ingests); returns the commit the workers will check out. `warn`: say what
+    only may go wrong (no worker online, workers cloning elsewhere) — once a run, where the fan-out starts."""
+    from flows.fanout import check_deployment
+
+    check_fan_out(params, selected, force, root)
+    commit = committed_head(root)
+    check_deployment(fan_out, root, commit, warn=warn)
+    return commit
 
 
 def check_command_line(repo_root: str, models: list[str] | None) -> None:

@@ -39,7 +39,7 @@ def push(root: str, model: str) -> None:
     fanout.push(Path(root), model)
 
 
-@flow(name="train-model", log_prints=True)
+@flow(name=fanout.WORKER_FLOW, log_prints=True)
 def train_model(model: str, commit: str, files: dict[str, str], repo_root: str = ".") -> dict[str, Any]:
     """Reproduce one model's train + evaluate stages at `commit` and share them through the DVC remote.
 

@@ -46,6 +46,7 @@ MODEL_STAGES = ("train", "evaluate")
 # Default `fan_out_idle_minutes` (flows.retrain / flows.pipeline): the coordinator gives up when no worker has
 # taken any of its runs, and none has ended, for this long.
 IDLE_MINUTES = 30.0
+WORKER_FLOW = "train-model"  # the flow fan-out hands each model to (flows/train_model.py)
 
 
 class FanOutError(StageError):
@@ -100,6 +101,9 @@ def check_deployment_name(deployment: str) -> None:
     if len(parts) != 2 or not all(part.strip() for part in parts):
         raise ConfigError(f"fan_out must name a deployment as <flow>/<deployment>, e.g. train-model/worker "
                           f"(the `prefect deployment ls` names), got {deployment!r}")
+    if parts[0] != WORKER_FLOW:  # a run of another flow (retrain/manual) got parameters it does not take
+        raise ConfigError(f"fan_out must name a deployment of the {WORKER_FLOW} flow (flows/train_model.py), "
+                          f"e.g. {WORKER_FLOW}/worker; {deployment!r} is a deployment of {parts[0]!r}")
 
 
 def force_refused(fan_out: str = "fan_out") -> str:
@@ -181,10 +185,22 @@ def clone_urls(pull_steps: list[dict[str, Any]] | None) -> list[str]:
     return urls
 
 
+def without_credentials(url: str) -> str:
+    """A git remote's address fit to show and compare: without the `user:token@` a clone URL may carry (Prefect's
+    `git_clone` with an access token clones from one, so a worker's `origin` holds the token). An scp-like
+    `git@host:path` has no secret and is kept."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url.strip())
+    if not parts.scheme or "@" not in parts.netloc:
+        return url.strip()
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _repository_key(url: str, root: Path) -> str:
-    """A repository address compared loosely: without a trailing `/` or `.git`, a local path (or file://
-    URL) resolved (a relative one, as git reads origin's, from the checkout)."""
-    url = url.strip().rstrip("/")
+    """A repository address compared loosely: without credentials, a trailing `/` or `.git`, a local path (or
+    file:// URL) resolved (a relative one, as git reads origin's, from the checkout)."""
+    url = without_credentials(url).rstrip("/")
     url = url.removeprefix("file://")
     url = url.removesuffix(".git")
     return str((Path(root) / url).resolve()) if url.startswith(("/", ".")) else url
@@ -201,8 +217,9 @@ def clone_mismatch(root: Path, commit: str, pull_steps: list[dict[str, Any]] | N
     here = origin.stdout.strip()
     if any(_repository_key(url, root) == _repository_key(here, root) for url in urls):
         return None
-    return (f"the workers clone {urls[0]} (the deployment's pull step) but this checkout's origin is {here}: "
-            f"HEAD {commit[:12]} was checked against origin only; push it to {urls[0]} too (or redeploy with "
+    there, here = without_credentials(urls[0]), without_credentials(here)
+    return (f"the workers clone {there} (the deployment's pull step) but this checkout's origin is {here}: "
+            f"HEAD {commit[:12]} was checked against origin only; push it to {there} too (or redeploy with "
             "RECSYS_GIT_URL set to origin's URL)")
 
 
@@ -238,20 +255,14 @@ def without_registry_password(params_text: str) -> str:
     """params.yaml as shipped in a work order — stored by the Prefect server with the run's parameters and
     shown in its UI — with `registry.url`'s password replaced by `***`: workers never open the registry,
     and no stage reads the `registry` section (the rest of the text, comments too, is kept byte for byte)."""
+    from recsys.registry.db import masked_url
+
     node = _registry_url_node(params_text)
     if node is None:
         return params_text
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(node.value)
-    except ArgumentError:
-        return params_text  # not a URL the registry could open either: it says so where it is opened
-    secret = {k: "***" for k in parsed.query if "password" in k.lower()}  # ?password=… reaches the driver too
-    if parsed.password is None and not secret:
+    hidden = masked_url(node.value)  # the user-part's password and ?password=…, also in a malformed URL
+    if hidden == node.value:
         return params_text
-    hidden = parsed.update_query_dict(secret).render_as_string(hide_password=True)
     # The URL scalar's own span in the text, so that nothing else changes (a dump would drop comments and
     # re-type YAML 1.1 values); written plain as it was, or double-quoted.
     start, end = node.start_mark.index, node.end_mark.index
@@ -289,9 +300,10 @@ def check_out(root: Path, order: WorkOrder) -> None:
     if head_commit(root) != order.commit:
         fetched = _git(root, "fetch", "--quiet", "--depth", "1", "origin", order.commit)
         if fetched.returncode != 0:
+            origin = without_credentials(_git(root, "remote", "get-url", "origin").stdout) or "origin"
             raise FanOutError(f"commit {order.commit[:12]} is not in the repository this worker clones "
-                              f"({_git(root, 'remote', 'get-url', 'origin').stdout.strip() or 'origin'}): push it "
-                              f"before fanning out ({fetched.stderr.strip().splitlines()[-1:]})")
+                              f"({origin}): push it before fanning out "
+                              f"({fetched.stderr.strip().splitlines()[-1:]})")
         checked = _git(root, "checkout", "--quiet", "--detach", order.commit)
         if checked.returncode != 0:
             raise FanOutError(f"cannot check out {order.commit[:12]}: {checked.stderr.strip()}")

@@ -158,6 +158,23 @@ def test_a_work_order_never_carries_the_registry_password(tmp_path):
     for query in ("password=PW", "sslmode=require&PassWord=PW"):
         shipped = fanout.without_registry_password(f"registry:\n  url: postgresql://u@db/recsys?{query}\n")
         assert "PW" not in shipped and "password=%2a%2a%2a" in shipped.lower(), shipped  # *** in a URL
+    # A port that is no number (RECSYS_REGISTRY_URL may override it on the coordinator) was a ValueError
+    shipped = fanout.without_registry_password("registry:\n  url: postgresql://u:PW@db:port/r?password=PW2\n")
+    assert shipped == "registry:\n  url: postgresql://u:***@db:port/r?password=***\n"
+
+
+def test_a_worker_that_cannot_fetch_the_commit_names_its_origin_without_its_token(tmp_path):
+    """Prefect's git_clone with an access token clones from a URL that carries it: the run's Failed state (and
+    the coordinator's line) showed the token."""
+    repo = _committed_repo(tmp_path / "worker")
+    git(repo, "remote", "add", "origin", "https://x-access-token:ghp_SECRET@127.0.0.1:9/team/recsys.git")
+    order = fanout.WorkOrder(model="sasrec", commit=SHA, files={"params.yaml": "", WARM: "{}"})
+    with pytest.raises(fanout.FanOutError) as refused:
+        fanout.check_out(repo, order)
+    said = str(refused.value)
+    assert "SECRET" not in said and said.startswith(
+        f"commit {SHA[:12]} is not in the repository this worker clones (https://127.0.0.1:9/team/recsys.git): "
+        "push it before fanning out"), said
 
 
 def test_head_commit_outside_git_is_a_user_error(tmp_path):
@@ -419,7 +436,28 @@ def test_the_run_parameters_are_checked_before_anything_runs(flow_name, tmp_path
         with pytest.raises(ConfigError,
                            match=rf"fan_out must name a deployment as <flow>/<deployment>.*{bad!r}"):
             flow.fn(repo_root=missing, fan_out=bad)
+    # A deployment of another flow got runs with parameters it does not take (the server accepted them)
+    with pytest.raises(ConfigError, match="fan_out must name a deployment of the train-model flow "
+                                          r"\(flows/train_model.py\), e.g. train-model/worker; 'retrain/manual' "
+                                          "is a deployment of 'retrain'"):
+        flow.fn(repo_root=missing, fan_out="retrain/manual")
     assert not (tmp_path / "no-repo").exists()
+
+
+def test_the_pipeline_refuses_a_fan_out_the_retrain_would_refuse_before_it_ingests(tmp_path, write_params):
+    """`pipeline(force=True, fan_out=...)` from the UI, or fan-out with warm starts from a workspace artifact
+    store, ingested the batch (data.dvc changed, the file moved to processed/) and then failed in retrain."""
+    from flows.pipeline import pipeline
+
+    write_params({"train": {"init": "auto"}}, tmp_path / "params.yaml")
+    (tmp_path / "inbox").mkdir()
+    batch = tmp_path / "inbox" / "b.csv"
+    batch.write_text("user_id,item_id,timestamp\nu1,i1,1700000000\n")
+    with pytest.raises(ConfigError, match="--force cannot be combined with fan_out"):
+        pipeline.fn(repo_root=str(tmp_path), force=True, fan_out="train-model/worker")
+    with pytest.raises(ConfigError, match="fan_out with train.init warm or auto"):
+        pipeline.fn(repo_root=str(tmp_path), fan_out="train-model/worker")
+    assert batch.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["inbox", "params.yaml"]
 
 
 @pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
@@ -452,6 +490,18 @@ def test_workers_cloning_another_repository_than_origin_are_named(tmp_path):
     assert fanout.clone_mismatch(mine, SHA, []) is None  # no clone step: its runs use the worker's folder
     git(mine, "remote", "set-url", "origin", "../team.git")  # relative, as git reads it: from the checkout
     assert fanout.clone_mismatch(mine, SHA, clone(f"file://{tmp_path / 'team.git'}")) is None
+    git(mine, "remote", "set-url", "origin", str(tmp_path / "team.git"))
+    # A clone URL carrying a token (Prefect's git_clone with an access token, a CI job's origin) is the same
+    # repository, and its token is never said
+    token = "https://ci-token:glcbt-SECRET@git.internal/team/recsys.git"
+    assert fanout.clone_mismatch(mine, SHA, clone(token.replace("ci-token:glcbt-SECRET@", ""))) is not None
+    git(mine, "remote", "set-url", "origin", token)
+    assert fanout.clone_mismatch(mine, SHA, clone("https://git.internal/team/recsys")) is None
+    said = fanout.clone_mismatch(mine, SHA, clone("https://x-access-token:ghp_TOKEN@git.internal/team/other.git"))
+    assert said is not None and "SECRET" not in said and "TOKEN" not in said, said
+    assert "clone https://git.internal/team/other.git (the deployment's pull step" in said, said
+    assert "origin is https://git.internal/team/recsys.git:" in said, said
+    assert fanout.without_credentials("git@git.internal:team/recsys.git") == "git@git.internal:team/recsys.git"
     git(mine, "remote", "set-url", "origin", str(tmp_path / "team.git"))
     said = fanout.clone_mismatch(mine, SHA, clone("git@git.internal:team/recsys.git"))
     assert said == (f"the workers clone git@git.internal:team/recsys.git (the deployment's pull step) but this "

@@ -96,6 +96,10 @@ def test_a_database_that_refuses_the_connection_is_named_without_its_password(tm
     ("sqlite:///registry/registry.db", "sqlite:///registry/registry.db"),
     ("no url://recsys:p@w@db/recsys", "no url://recsys:***@db/recsys"),  # unparsable: up to the last @
     ("no url at all", "no url at all"),
+    # libpq takes the password as a query parameter too: it was shown as given, in every message and log
+    ("postgresql+psycopg://u@db/recsys?password=PW", "postgresql+psycopg://u@db/recsys?password=%2A%2A%2A"),
+    ("postgresql://u@db/r?sslmode=require&PassWord=PW", "postgresql://u@db/r?PassWord=%2A%2A%2A&sslmode=require"),
+    ("postgresql://u@db:port/r?password=PW", "postgresql://u@db:port/r?password=***"),  # unparsable: the port
 ])
 def test_masked_url(url, shown):
     assert masked_url(url) == shown

@@ -176,12 +176,18 @@ def _is_sqlite(url: str) -> bool:
 
 
 def masked_url(url: str) -> str:
-    """`url` fit to show in a message or a log: its password as `***` — also in a string SQLAlchemy cannot
-    parse (the text between `scheme://user:` and the last `@`)."""
+    """`url` fit to show in a message, a log or a work order: its password as `***`, the user-part's and a
+    `?password=…` query's alike (both reach the driver) — also in a string SQLAlchemy cannot parse (the text
+    between `scheme://user:` and the last `@`, and any `password…=` value). Unchanged when it holds none."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
-        return re.sub(r"(://[^/:@]*:).*@", r"\1***@", url)
+        hidden = re.sub(r"(://[^/:@]*:).*@", r"\1***@", url)
+        return re.sub(r"([?&][^=&]*password[^=&]*=)[^&]*", r"\1***", hidden, flags=re.IGNORECASE)
+    secret = {key: "***" for key in parsed.query if "password" in key.lower()}
+    if parsed.password is None and not secret:
+        return url
+    return parsed.update_query_dict(secret).render_as_string(hide_password=True)
 
 
 EMPTY_SQLITE = "sqlite://"  # an in-memory database: what a reader gets where no registry file exists yet
