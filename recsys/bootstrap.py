@@ -150,7 +150,9 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
     """The raw store under `root`: present, pulled from the DVC remote, or generated and `dvc add`ed.
 
     Generating is refused when `data.dvc` records ingested batches the remote could not give back:
-    replacing someone's data with the synthetic default must never happen silently.
+    replacing someone's data with the synthetic default must never happen silently. A store to pull,
+    generate or version where `root` is no DVC repository is refused before anything is locked or written
+    (it was written, then `dvc add` failed, on every run); a present store needs no DVC, as for ingest.
     Returns one line saying which of the three happened (and, for a present store, what a killed ingest or
     bootstrap had left undone that it finished: a commit, a push).
     """
@@ -165,6 +167,12 @@ def ensure_raw_store(root: Path = Path("."), params_path: Path | None = None) ->
 
     if store_has_data(root) and not paths.seeding.exists() and not _left_undone(root, params):
         return PRESENT
+    from recsys.ingest.dvc import dvc_enabled
+
+    if (paths.seeding.exists() or not store_has_data(root)) and not dvc_enabled(root):
+        raise BootstrapError(f"{root.resolve()} is not a DVC repository (no .dvc/): the raw store is pulled, "
+                             "or generated and `dvc add`ed, with DVC; run this in a clone of the project, or "
+                             "`dvc init` there first")
 
     with workspace_lock(root):
         if paths.seeding.exists() and _settle_seeding(root, paths, params()) == "versioned":

@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from recsys.config import load_params, validate_name, workspace_root
+from recsys.config import load_params, params_root, validate_name, workspace_root
 from recsys.entry import VERBOSE_ENV, report_user_error, usage_line, user_errors, verbose_requested
 from recsys.layout import DATA
 
@@ -74,14 +74,15 @@ def file_option(value: str, option: str = "--out") -> Path:
 
 @data_app.command("generate")
 def data_generate(
-    out: str = typer.Option(DATA, help="raw store directory to write"),
+    out: str | None = typer.Option(None, help="raw store directory to write (default: data/ of the params "
+                                              "file's repository)"),
     params: Path = PARAMS,
 ) -> None:
     """Write the deterministic synthetic dataset (params.yaml `generate`) as the store's seed part; refused
     when the store holds ingested batches."""
     from recsys.data import generate, write_store
 
-    store = folder_option(out)
+    store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
     part = write_store(generate(load_params(params).generate), store)
     typer.echo(f"wrote {part}")
 
@@ -100,15 +101,18 @@ def data_batch(
     if not re.fullmatch(r"-?(0|[1-9][0-9]*)", index):  # Click's int took "1.0", "+1", " 3" and "1_0" (as 10)
         raise typer.BadParameter(f"{index!r} is not a whole number written plainly (1, 2, …)",
                                  param_hint="'INDEX'")
-    number = int(index)
+    # Past 18 digits a number is out of every range (and past 4,300 int() refuses it with a traceback)
+    long = len(index.lstrip("-")) > 18
+    number = (-1 if index.startswith("-") else 10**18) if long else int(index)
     chosen = file_option(out) if out is not None else None
     loaded = load_params(params)
-    problem = batch_index_problem(loaded.generate, number)
+    problem = batch_index_problem(loaded.generate, number,
+                                  said=f"a number of {len(index.lstrip('-')):,} digits" if long else None)
     if problem:  # a value of the command line's, out of its range: a usage error, before anything is created
         raise typer.BadParameter(problem.removeprefix("batch index "), param_hint="'INDEX'")
     # The inbox of the repository whose params.yaml this is, as `recsys ingest --params` reads it: from
     # another folder, the current folder's inbox/ got the batch, which that repository's ingest never saw.
-    inbox = Path(params).resolve().parent / loaded.ingest.inbox
+    inbox = params_root(params) / loaded.ingest.inbox
     if chosen is None and inbox.is_relative_to(Path.cwd()):
         inbox = inbox.relative_to(Path.cwd())  # said as before: `wrote … to inbox/generated-0001.csv`
     target = chosen or inbox / f"generated-{number:04d}.csv"
@@ -128,12 +132,16 @@ def data_download(
     sha256: Optional[str] = typer.Option(None, help="expected sha256 (default: the official MD5 is checked)"),
 ) -> None:
     """Download a MovieLens archive and verify its checksum before extracting."""
-    from recsys.data import MOVIELENS, download_movielens
+    import urllib.parse
+
+    from recsys.data import MOVIELENS, URL_SCHEMES, download_movielens
 
     if name not in MOVIELENS:  # a command line that does not parse: before anything is fetched
         raise typer.BadParameter(f"{name!r} is not one of {' | '.join(MOVIELENS)}", param_hint="'NAME'")
     if url is not None and not url.strip():  # "" fell back to the official archive
         raise typer.BadParameter("is empty: leave it out for the official archive", param_hint="'--url'")
+    if url is not None and urllib.parse.urlsplit(url).scheme not in URL_SCHEMES:  # a value of the wrong kind
+        raise typer.BadParameter(f"{url!r} is not an http(s):// or file:// URL", param_hint="'--url'")
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):  # "" fell back to MD5; a typo
         # was found only after the whole download
         raise typer.BadParameter(f"{sha256!r} is not a sha256 (64 hex digits)", param_hint="'--sha256'")
@@ -168,7 +176,8 @@ SOURCES = ("movielens-1m", "movielens-100k", "table")
 def data_import(
     source: str = typer.Argument(..., help="movielens-1m | movielens-100k | table"),
     path: Path = typer.Argument(..., help="dataset folder or file"),
-    out: str = typer.Option(DATA, help="raw store directory to (re)write"),
+    out: str | None = typer.Option(None, help="raw store directory to (re)write (default: data/ of the "
+                                              "params file's repository)"),
     column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
     params: Path = PARAMS,
 ) -> None:
@@ -184,7 +193,7 @@ def data_import(
         raise typer.BadParameter(f"{column[0]!r}: a column mapping is for `table` only; {source} has fixed "
                                  "columns (leave --column out)", param_hint="'--column'")
     mapping = column_mapping(column) if source == "table" else None
-    store = folder_option(out)
+    store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
     config = load_params(params).ingest
     check_no_batches(store)  # before reading the dataset (write_store checks again)
 
@@ -207,16 +216,20 @@ def data_import(
 
 
 @app.command()
-def bootstrap(root: Path = typer.Option(Path("."), help="repository root")) -> None:
+def bootstrap(root: str = typer.Option(".", help="repository root (a clone of the project)")) -> None:
     """Make sure the raw store exists (`dvc pull` it, or generate the default dataset and version it) and
-    write each model's warm source (as `recsys warm`): what `dvc repro` needs before it can run."""
+    write each model's warm source (as `recsys warm`): what `dvc repro` needs before it can run. A folder
+    that is no DVC repository is refused before anything is written there, unless its store is present."""
     from recsys.bootstrap import ensure_raw_store
     from recsys.layout import Layout
     from recsys.warm_source import resolve_warm_sources
 
-    root = workspace_root(root, "--root")  # before the lock: nothing is created in a wrong folder
-    typer.echo(ensure_raw_store(root))
-    for line in resolve_warm_sources(root, load_params(Layout(root).params)):
+    if not root.strip():  # Path("") is the current folder: `--root "$UNSET"` bootstrapped wherever it ran
+        raise typer.BadParameter("empty: name the repository, or leave --root out for the current folder",
+                                 param_hint="'--root'")
+    repo = workspace_root(root, "--root")  # before the lock: nothing is created in a wrong folder
+    typer.echo(ensure_raw_store(repo))
+    for line in resolve_warm_sources(repo, load_params(Layout(repo).params)):
         typer.echo(f"warm source {line}")
 
 
@@ -230,13 +243,14 @@ def warm(
     from recsys.warm_source import resolve_warm_sources
 
     names = [validate_name(m, "model name") for m in model] or None
-    for line in resolve_warm_sources(Path(params).resolve().parent, load_params(params), names):
+    for line in resolve_warm_sources(params_root(params), load_params(params), names):
         typer.echo(f"warm source {line}")
 
 
 @app.command()
 def prepare(params: Path = PARAMS) -> None:
-    """The `prepare` stage (same function `dvc repro` runs)."""
+    """The `prepare` stage (same function `dvc repro` runs), on the repository of the params file: its data/
+    in, its artifacts/prepared out, wherever the command runs."""
     from recsys import prepare as stage
     from recsys.ingest import recover
 
@@ -245,7 +259,7 @@ def prepare(params: Path = PARAMS) -> None:
 
 @app.command()
 def train(model: str = typer.Option(..., help="model name from params.yaml"), params: Path = PARAMS) -> None:
-    """The `train@<model>` stage."""
+    """The `train@<model>` stage, in the repository of the params file (its artifacts/, plots/, .resume/)."""
     from recsys import train as stage
 
     stage.main(["--model", validate_name(model, "model name"), "--params", str(params)])
@@ -253,7 +267,8 @@ def train(model: str = typer.Option(..., help="model name from params.yaml"), pa
 
 @app.command()
 def evaluate(model: str = typer.Option(..., help="model name from params.yaml"), params: Path = PARAMS) -> None:
-    """The `evaluate@<model>` stage (test split, once)."""
+    """The `evaluate@<model>` stage (test split, once), in the repository of the params file (its artifacts/,
+    metrics/)."""
     from recsys import evaluate as stage
 
     stage.main(["--model", validate_name(model, "model name"), "--params", str(params)])

@@ -43,7 +43,9 @@ class ConfigError(ValueError):
 
 def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
     """The repository a command was pointed at (`option`), resolved; refused with one line before anything is
-    locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder)."""
+    locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder). DVC is
+    asked for where it is needed, not here: ingest runs without it (`recsys.ingest.dvc.dvc_enabled`), and
+    `recsys.bootstrap.ensure_raw_store` refuses to pull or generate a store outside a DVC repository."""
     path = Path(root).resolve()
     if not path.is_dir():
         what = "not a folder" if path.exists() else "no such folder"
@@ -53,6 +55,17 @@ def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
         raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; name the repository (the folder with "
                           f"{PARAMS} and dvc.yaml)")
     return path
+
+
+def params_root(params: str | Path, relative: bool = False) -> Path:
+    """The repository a params file belongs to: its folder, resolved. Every command given `--params` reads
+    and writes there, not in the current folder (`--params OTHER/params.yaml` works on OTHER). With
+    `relative`, said from the current folder where it is inside it (`.` for `params.yaml`, as `dvc repro`
+    runs the stages), so the stages' paths and messages read as they always did."""
+    root = Path(params).resolve().parent
+    if relative and root.is_relative_to(Path.cwd()):
+        return root.relative_to(Path.cwd())
+    return root
 
 
 def check_share(config: Any, key: str, section: str) -> None:

@@ -181,6 +181,7 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
         raise DataError(f"{path}: {err}") from err
 
 
+URL_SCHEMES = ("http", "https", "file")  # what `download_movielens` fetches from
 # Official archives. GroupLens publishes MD5 sums beside them (`<url>.md5`); sha256 is checked when given.
 MOVIELENS = {
     "movielens-1m": ("https://files.grouplens.org/datasets/movielens/ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906"),
@@ -198,7 +199,7 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise DataError(f"{dest} is a file: name a folder to extract into")
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https", "file"):
+    if urllib.parse.urlsplit(url).scheme not in URL_SCHEMES:
         raise DataError(f"{url!r} is not an http(s):// or file:// URL")
     # The download and extraction happen beside their target (the same file system: renames), and a
     # failure creates no folder.
@@ -347,14 +348,16 @@ def _utc(stamp: str) -> pd.Timestamp:
     return pd.Timestamp(moment if moment.tzinfo else moment.replace(tzinfo=UTC)).tz_convert("UTC")
 
 
-def batch_index_problem(config: GenerateConfig, index: int) -> str | None:
+def batch_index_problem(config: GenerateConfig, index: int, said: str | None = None) -> str | None:
     """Why `index` names no batch of the generated dataset (None when it does): batch i ends (i + 1)·days
-    after generate.start, and past the year 2200 its timestamps would leave pandas' range."""
+    after generate.start, and past the year 2200 its timestamps would leave pandas' range. `said`: how the
+    message names the index (a command line's number too long to show)."""
     last = max(0, (BATCH_HORIZON - _utc(config.start)).days // config.days - 1)
     if 1 <= index <= last:
         return None
     return (f"batch index must be between 1 and {last:,} (each batch covers the generate.days = "
-            f"{config.days} days after the previous one, from generate.start {config.start}), got {index:,}")
+            f"{config.days} days after the previous one, from generate.start {config.start}), got "
+            f"{said or f'{index:,}'}")
 
 
 def generate_batch(config: GenerateConfig, index: int) -> pd.DataFrame:

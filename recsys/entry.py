@@ -170,14 +170,15 @@ def run_entry(main: Callable[[], None], log_format: str = "%(levelname)s %(name)
 
 
 def model_stage_args(module: str, description: str, argv: list[str] | None = None):
-    """`--model NAME [--params params.yaml] [--root .]` → (validated model name, Params, repo root)."""
-    from recsys.config import load_params, validate_name
+    """`--model NAME [--params params.yaml] [--root DIR]` → (validated model name, Params, repo root); the
+    root defaults to the params file's repository (`recsys.config.params_root`), not the current folder."""
+    from recsys.config import load_params, params_root, validate_name
 
     parser = ArgumentParser(module, description=description)
     parser.add_argument("--model", required=True)
     parser.add_argument("--params", default=PARAMS)
-    parser.add_argument("--root", default=".")
+    parser.add_argument("--root", help="repository root (default: the params file's folder)")
     args = parser.parse_args(argv)
     name, params = validate_name(args.model, "model name"), load_params(args.params)
     params.model_config(name)  # an unknown model is one line naming the known ones, in every stage alike
-    return name, params, Path(args.root)
+    return name, params, Path(args.root) if args.root is not None else params_root(args.params, relative=True)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from recsys import layout, schema
-from recsys.config import IngestConfig, PrepareConfig, load_params
+from recsys.config import IngestConfig, PrepareConfig, load_params, params_root
 from recsys.entry import ArgumentParser
 
 log = logging.getLogger(__name__)
@@ -219,25 +219,28 @@ def main(argv: list[str] | None = None,
          before_read: Callable[[Path, IngestConfig], object] | None = None) -> None:
     """The prepare stage. `before_read(repo root, ingest config)` runs first: the stage's `__main__` passes
     `recsys.ingest.recover` (an interrupted ingest commit is completed or rolled back before the store is
-    read), kept out of this function so that modules importing this one do not depend on the ingest code."""
+    read), kept out of this function so that modules importing this one do not depend on the ingest code.
+    The store and the output default to those of the params file's repository (`params_root`)."""
     from recsys.store import read_store
 
     parser = ArgumentParser("recsys.prepare", description="prepare stage: raw store → split dataset")
     parser.add_argument("--params", default=layout.PARAMS)
-    parser.add_argument("--store", default=layout.DATA)
-    parser.add_argument("--out", default=layout.PREPARED)
+    parser.add_argument("--store", help=f"raw store (default: {layout.DATA} beside the params file)")
+    parser.add_argument("--out", help=f"output folder (default: {layout.PREPARED} beside the params file)")
     args = parser.parse_args(argv)
     params = load_params(args.params)
     if before_read is not None:
-        before_read(Path(args.params).resolve().parent, params.ingest)  # no reader sees a half-committed batch
-    store = Path(args.store)
+        before_read(params_root(args.params), params.ingest)  # no reader sees a half-committed batch
+    paths = layout.Layout(params_root(args.params, relative=True))
+    store = Path(args.store) if args.store is not None else paths.data
+    out = Path(args.out) if args.out is not None else paths.prepared
     interactions = read_store(store)
     if len(interactions) == 0:
         raise PrepareError(f"no interactions in the raw store {store}/: run `recsys bootstrap` first (it runs "
                            "`dvc pull`, or generates the default dataset)")
     prepared = prepare(interactions, params.prepare, read_titles(store))
     require_targets(prepared, params.prepare)
-    save(prepared, args.out)
+    save(prepared, out)
     fp = prepared.fingerprint
     log.info("prepared users=%d items=%d events=%d valid=%d test=%d fingerprint=%s", fp["n_users"],
              fp["n_items"], fp["n_events"], fp["n_valid"], fp["n_test"], fp["fingerprint"][:12])

@@ -185,15 +185,22 @@ PREPARED_COLUMNS = {"events": ("user", "item", "timestamp"), "items": ("item", "
 
 def read_prepared(prepared_dir: Path, required: bool) -> Prepared | None:
     import pandas as pd
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     rebuild = "`recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)"
-    try:
-        schemas = {name: pq.read_schema(prepared_dir / f"{name}.parquet").names for name in PREPARED_COLUMNS}
-    except (FileNotFoundError, OSError) as err:
-        if not required:
-            return None
-        raise RecommendError(f"prepared dataset not found under {prepared_dir} ({err}): {rebuild}") from err
+    schemas = {}
+    for name in PREPARED_COLUMNS:
+        path = prepared_dir / f"{name}.parquet"
+        try:
+            schemas[name] = pq.read_schema(path).names
+        except (FileNotFoundError, NotADirectoryError) as err:
+            if not required:
+                return None
+            raise RecommendError(f"prepared dataset not found under {prepared_dir} ({err}): {rebuild}") from err
+        except (OSError, pa.ArrowException) as err:  # there, but not Parquet (truncated, overwritten)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RecommendError(f"{path} cannot be read as Parquet ({first}); {rebuild}") from err
     for name, columns in PREPARED_COLUMNS.items():
         if missing := [c for c in columns if c not in schemas[name]]:
             raise RecommendError(f"{prepared_dir / name}.parquet is not a prepared dataset's: it lacks column(s) "
@@ -268,24 +275,30 @@ def _baseline_reason(registry: Any, version: int) -> str:
     """Why the baseline champion answers: nothing has passed the gate yet, or the champion was rolled back to
     it after a model had (the newest such is named)."""
     baselines = {v.version for v in registry.list_versions() if v.is_baseline}
-    gated = [e.candidate_version for e in registry.history()
+    events = registry.history()
+    gated = [e.candidate_version for e in events
              if e.decision == "promoted" and e.candidate_version not in baselines]
     if not gated:
         return f"no model has passed the gate yet: baseline champion v{version} answers"
-    return (f"baseline champion v{version} answers: the champion was rolled back to it (v{gated[-1]} passed the "
-            "gate; `recsys registry history` says when)")
+    moved = [e for e in events if e.decision in ("promoted", "rollback")][-1]  # how it became champion
+    how = ("the champion was rolled back to it" if moved.decision == "rollback" else
+           "it refreshed the baseline the champion had been rolled back to")
+    return f"baseline champion v{version} answers: {how} (v{gated[-1]} passed the gate; `recsys registry " \
+           "history` says when)"
 
 
 def answer(
     registry: Any, prepared_dir: Path, k: int, at_time: int | None, *,
     user: str | None = None, history: list[str] | None = None, registry_label: str | None = None,
+    prepared_required: bool = False,
 ) -> Answer:
     """Serve one request from the champion, or say why popularity answers instead (module docstring).
     `registry_label` (the registry's URL, password masked) is named when no champion is registered: a typo in
-    registry.url reads as an empty registry, and the answer should say which one it read."""
+    registry.url reads as an empty registry, and the answer should say which one it read. The prepared dataset
+    is required for a user's request, and whenever `prepared_required` (a `--prepared` the person named)."""
     from recsys.checkpoint import load_model
 
-    prepared = read_prepared(prepared_dir, required=user is not None)
+    prepared = read_prepared(prepared_dir, required=user is not None or prepared_required)
     raw_items, raw_times = _request_history(prepared, user, history, at_time)
     at = datetime.fromtimestamp(at_time, timezone.utc).isoformat() if at_time is not None else None
     # A user id not in the data (a typo, or someone new) gets an answer all the same, which says so
@@ -316,10 +329,10 @@ def answer(
     _, known_items, known_users = _vocabulary(checkpoint)
     fallback_reason = None
     if not champion.is_baseline:
-        if user is not None and user not in known_users:
-            fallback_reason = (
-                f"user {user!r} arrived after champion v{champion.version} was trained" if not unknown else
-                f"{not_in_the_dataset(user)}; their items are not known to be excluded")
+        if unknown:  # whether the champion knows the id or not: no events here, nothing known to exclude
+            fallback_reason = f"{not_in_the_dataset(user)}; their items are not known to be excluded"
+        elif user is not None and user not in known_users:
+            fallback_reason = f"user {user!r} arrived after champion v{champion.version} was trained"
         elif not any(item in known_items for item in raw_items):  # nothing to score: an all-padding input
             until = f" up to {at}" if at else ""
             fallback_reason = (

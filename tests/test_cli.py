@@ -284,6 +284,9 @@ def test_data_download_refuses_an_empty_or_file_dest_before_fetching(monkeypatch
 
 @pytest.mark.parametrize("option, value, says", [
     ("--url", "", "Invalid value for '--url': is empty: leave it out for the official archive"),  # was the default
+    # a value of the wrong kind was exit 1, as if the fetch had failed
+    ("--url", "not a url", "Invalid value for '--url': 'not a url' is not an http(s):// or file:// URL"),
+    ("--url", "ftp://x/ml-1m.zip", "Invalid value for '--url': 'ftp://x/ml-1m.zip' is not an http(s):// or"),
     ("--sha256", "", "Invalid value for '--sha256': '' is not a sha256 (64 hex digits)"),  # was MD5 instead
     ("--sha256", "nothex", "Invalid value for '--sha256': 'nothex' is not a sha256"),  # was found after the fetch
     ("--sha256", "0" * 63, f"Invalid value for '--sha256': '{'0' * 63}' is not a sha256"),
@@ -408,7 +411,7 @@ def test_zombies_within_must_be_a_whole_number_of_seconds(capsys, within):
 def test_prepare_on_an_empty_store(monkeypatch, capsys, tmp_path, write_params):
     """`prepare` over an empty store: PrepareError (a user error), one line, nothing written."""
     params = write_params()
-    monkeypatch.chdir(tmp_path)  # entry points resolve data/, artifacts/ against the working directory
+    monkeypatch.chdir(tmp_path)  # (the stages read data/ and write artifacts/ beside the params file)
     code, _, err = run_cli(monkeypatch, capsys, "prepare", "--params", str(params))
     assert code == 1
     assert_one_line_error(err, "no interactions")
@@ -462,7 +465,7 @@ def _store_in_cwd(monkeypatch, tmp_path, frame) -> None:
 
     from recsys.data import Generated, write_store
 
-    monkeypatch.chdir(tmp_path)  # the stage resolves data/ and artifacts/ against the working directory
+    monkeypatch.chdir(tmp_path)  # (the stage reads data/ and writes artifacts/ beside the params file)
     write_store(Generated(frame, pd.DataFrame(columns=["item_id", "title"])), tmp_path / "data")
 
 
@@ -561,7 +564,12 @@ def test_help_names_no_sub_command_a_command_lacks_and_keeps_each_paragraph_whol
 
 
 @pytest.mark.parametrize("index, shown", [("0", "got 0"), ("357", "got 357"), ("-1", "got -1"),
-                                          ("99999999999", "got 99,999,999,999")])
+                                          ("99999999999", "got 99,999,999,999"),
+                                          # 19 digits and past int()'s 4,300 (a traceback before)
+                                          ("1" * 19, "got a number of 19 digits"),
+                                          ("9" * 5000, "got a number of 5,000 digits"),
+                                          ("-" + "9" * 5000, "got a number of 5,000 digits")],
+                         ids=["0", "357", "-1", "11 digits", "19 digits", "5000 digits", "-5000 digits"])
 def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_nothing(
         monkeypatch, capsys, tmp_path, write_params, index, shown):
     params = write_params({"generate": {"start": "2024-01-01T00:00:00Z", "days": 180}})
@@ -628,6 +636,58 @@ def test_data_batch_writes_into_the_inbox_of_its_params_file(monkeypatch, capsys
     monkeypatch.chdir(tmp_path / "repo")  # from the repository itself, said as before
     code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "3", "--params", "params.yaml")
     assert code == 0 and out.rstrip().endswith(" to incoming/generated-0003.csv"), out
+
+
+def test_the_stage_commands_work_in_the_repository_of_their_params_file(monkeypatch, capsys, tmp_path,
+                                                                         write_params, tiny_generated):
+    """From another folder, `recsys prepare --params /other/repo/params.yaml` recovered that repository's
+    ingest but read the current folder's data/ ("no interactions in the raw store data/: run `recsys
+    bootstrap` first"); train and evaluate read and wrote the current folder's artifacts/
+    ("artifacts/prepared is not a prepared dataset"). The params file's folder is the root, as for `data
+    batch`, `ingest` and `warm`."""
+    import json
+
+    from recsys.data import write_store
+    from recsys.prepare import load
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    params = write_params({"models": ["mostpop"]}, repo / "params.yaml")
+    write_store(tiny_generated, repo / "data")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    model = ["--model", "mostpop"]
+    for command, given in [(["prepare"], str(params)), (["train", *model], "../repo/params.yaml"),
+                           (["evaluate", *model], str(params))]:
+        code, _, err = run_cli(monkeypatch, capsys, *command, "--params", given)
+        assert code == 0, err
+    assert list(elsewhere.iterdir()) == []
+    prepared = load(repo / "artifacts" / "prepared").fingerprint
+    assert (repo / "artifacts" / "models" / "mostpop" / "model.json").is_file()
+    assert json.loads((repo / "metrics" / "mostpop.json").read_text())["n_users"] == prepared["n_test"]
+
+
+def test_data_generate_and_import_write_the_store_of_their_params_files_repository(monkeypatch, capsys, tmp_path,
+                                                                                   write_params):
+    """Without --out, both wrote data/ in the current folder, whatever repository --params named."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    params = write_params({}, repo / "params.yaml")
+    table = tmp_path / "t.csv"
+    table.write_text("user_id,item_id,timestamp\n" + "".join(f"u{u},i{i},{1_700_000_000 + 10 * i}\n"
+                                                             for u in range(6) for i in range(6)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run_cli(monkeypatch, capsys, "data", "generate", "--params", "../repo/params.yaml")
+    assert code == 0 and str(repo / "data") in out, err
+    code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(table), "--params", str(params))
+    assert code == 0, err
+    assert list(elsewhere.iterdir()) == [] and (repo / "data").is_dir()
+    monkeypatch.chdir(repo)  # inside it, said as before
+    code, out, err = run_cli(monkeypatch, capsys, "data", "generate")
+    assert code == 0 and "wrote data/" in out, (out, err)
 
 
 @pytest.mark.parametrize("source", ["movielens-100k", "movielens-1m"])

@@ -14,7 +14,7 @@ from flow_support import NOT_AN_INBOX, REPO_ROOT, TELEMETRY_ENV, flow_env
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from flows.errors import _HideUserErrorTracebacks, retry_if_transient
-from recsys.config import ConfigError
+from recsys.config import ConfigError, load_params
 from recsys.ingest.errors import BatchesRejected, DvcAddFailed, IngestError
 from recsys.ingest.run import IngestRun, PushFailed
 from recsys.prepare import PrepareError
@@ -160,10 +160,46 @@ def test_bootstrap_refuses_a_root_that_is_not_a_repository_and_creates_nothing(t
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_bootstrap_refuses_a_folder_that_is_no_dvc_repository_before_writing_its_store(tmp_path):
+    """A params.yaml without `dvc init`: it wrote data/ and .ingest/, then failed at `dvc add data` ("not
+    inside of a DVC repository"), and every rerun the same way. A present store needs no DVC (as for
+    ingest)."""
+    from recsys.data import generate, write_store
+
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    before = tree(tmp_path)
+    for _ in range(2):  # the same refusal again: nothing left behind to trip over
+        done = subprocess.run([sys.executable, "-m", "recsys.cli", "bootstrap", "--root", str(tmp_path)],
+                              capture_output=True, text=True, cwd=tmp_path, check=False)
+        assert done.returncode == 1 and done.stdout == "", done.stderr
+        assert done.stderr == (f"error: {tmp_path.resolve()} is not a DVC repository (no .dvc/): the raw "
+                               "store is pulled, or generated and `dvc add`ed, with DVC; run this in a clone "
+                               "of the project, or `dvc init` there first\n")
+        assert tree(tmp_path) == before
+    write_store(generate(load_params(tmp_path / "params.yaml").generate), tmp_path / "data")
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "bootstrap", "--root", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("raw store present\n"), done.stderr
+
+
+@pytest.mark.parametrize("root", ["", " "])
+def test_bootstrap_refuses_an_empty_root_as_a_usage_error(tmp_path, root):
+    """`--root ""` was the current folder (Path("") is "."): `--root "$REPO"` with REPO unset bootstrapped
+    wherever the shell happened to be."""
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    before = tree(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "recsys.cli", "bootstrap", "--root", root],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == ("error: recsys bootstrap: Invalid value for '--root': empty: name the repository, "
+                           "or leave --root out for the current folder (see 'recsys bootstrap --help')\n")
+    assert tree(tmp_path) == before
+
+
 @pytest.mark.parametrize("flow_name", ["ingest", "pipeline"])
 @pytest.mark.parametrize("setting, inbox, why", [  # (`ingest.inbox: ''` is refused as params.yaml loads)
     ("inbox", ".", "{repo} is the repository root"),
-    ("inbox", "data", "{repo}/data is data/, the raw store"),
+    ("inbox", "data", "{repo}/data is data/, the raw store data.dvc versions"),
     ("inbox", "inbox/rejected",
      "{repo}/inbox/rejected is inbox/rejected/, where a run files the batches it rejected"),
 ], ids=["--inbox .", "--inbox data", "--inbox inbox/rejected"])

@@ -124,6 +124,60 @@ def test_history_is_scored_by_the_champion_and_unknown_items_are_skipped_and_rep
     assert nothing_known["skipped_items"] == ["x1", "x2"]
 
 
+def test_a_user_the_champion_knows_but_the_prepared_dataset_lacks_is_said_to_be_unknown_here(tmp_path):
+    """bob is in the champion's vocabulary but not in the prepared dataset (prepare's filters dropped him, or
+    --prepared names an older one): the reason said he "has no events for champion v2 to score", as if his
+    seen items had been excluded."""
+    import pandas as pd
+
+    params_path = setup(tmp_path, with_champion=True)
+    prepared = tmp_path / "artifacts" / "prepared"
+    for name in ("users", "events"):  # bob is user 2 there
+        table = pd.read_parquet(prepared / f"{name}.parquet")
+        table[table["user"] != 2].to_parquet(prepared / f"{name}.parquet")
+    answer = recommend_json(params_path, "--user", "bob", "-k", "4")
+    assert answer["source"] == "popularity_fallback" and answer["model_version"] == 1
+    assert answer["reason"].startswith(
+        "popularity fallback: user 'bob' is not in the prepared dataset (new, a typo, or with fewer events than "
+        "prepare's minimum); their items are not known to be excluded; "), answer["reason"]
+    assert [r["item_id"] for r in answer["recommendations"]] == ["m1", "m2", "m3", "m4"]
+
+
+def test_a_named_prepared_folder_without_a_prepared_dataset_is_refused_for_a_history_too(tmp_path):
+    """`--history` answers without a prepared dataset when none was named (the default folder may not be
+    built yet); one the person named must be one."""
+    params_path = setup(tmp_path, with_champion=True)
+    (tmp_path / "empty").mkdir()
+    result = invoke(recommend_app, "--history", "m4", "--prepared", str(tmp_path / "empty"),
+                    "--params", str(params_path))
+    assert result.exit_code == 1 and result.output.startswith(
+        f"error: prepared dataset not found under {tmp_path / 'empty'} ("), result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_damaged_prepared_file_is_one_line_naming_it_and_what_rebuilds_it(tmp_path):
+    """It was "error: Parquet file size is 5 bytes, smaller than the minimum file footer (8 bytes)": no file,
+    no way out."""
+    params_path = setup(tmp_path, with_champion=True)
+    events = tmp_path / "artifacts" / "prepared" / "events.parquet"
+    events.write_text("junk")
+    result = invoke(recommend_app, "--user", "alice", "--params", str(params_path))
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {events} cannot be read as Parquet (") and lines[0].endswith(
+        "; `recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)"), lines[0]
+
+
+def test_a_fraction_of_a_second_before_1970_stays_before_it():
+    """`int(timestamp())` truncated toward 1970: 23:59:59.5 on 1969-12-31 answered as of 1970-01-01."""
+    from recsys.commands.recommend import parse_time
+
+    assert parse_time("1969-12-31T23:59:59.5Z") == -1
+    assert parse_time("1970-01-01T00:00:00.5Z") == 0
+    assert parse_time("0001-01-01T00:00:00Z") == -62135596800
+    assert parse_time("9999-12-31T23:59:59.999999Z") == 253402300799
+
+
 def test_history_works_without_a_prepared_dataset(tmp_path):
     params_path = setup(tmp_path, with_champion=True)
     import shutil
@@ -146,13 +200,28 @@ def test_request_errors_are_one_line(tmp_path):
                        "--params", str(params_path))
     too_late = invoke(recommend_app, "--history", "m1", "--at", "9999-12-31T23:59:59-23:59",
                       "--params", str(params_path))
+    # Click gives an option's value from the next token: it answered for a user named "--json"
+    optionish = invoke(recommend_app, "--user", "--json", "--params", str(params_path))
+    history_optionish = invoke(recommend_app, "--history", "--json", "--params", str(params_path))
+    # A --prepared named but not there was ignored (no titles, a history's seen items unknown, no note);
+    # '' was the current folder; a file was "[Errno 20] Not a directory", exit 1
+    (tmp_path / "a-file").write_text("x")
+    prepared_gone, prepared_empty, prepared_file = (
+        invoke(recommend_app, "--history", "m1", "--prepared", where, "--params", str(params_path))
+        for where in (str(tmp_path / "nowhere"), "", str(tmp_path / "a-file")))
     for result, code, fragment in ((both, 2, "exactly one of --user ID or --history I1,I2,... (see"),
                                    (neither, 2, "exactly one of"),
                                    (empty, 2, "'m1,,m2'"), (nobody, 2, "--user is empty"),
                                    (when, 2, "--at 'yesterday' is not an ISO-8601 time"),
                                    (too_early, 2, ("--at '0001-01-01T00:00:00+01:00' is outside the years 1 "
                                                    "to 9999 in UTC")),
-                                   (too_late, 2, "--at '9999-12-31T23:59:59-23:59' is outside the years")):
+                                   (too_late, 2, "--at '9999-12-31T23:59:59-23:59' is outside the years"),
+                                   (optionish, 2, "--user '--json' looks like an option: give --user's value"),
+                                   (history_optionish, 2, "--history '--json' looks like an option"),
+                                   (prepared_gone, 2, (f"--prepared '{tmp_path / 'nowhere'}' does not exist: "
+                                                       "name prepare's output folder")),
+                                   (prepared_empty, 2, "--prepared '' is empty"),
+                                   (prepared_file, 2, f"--prepared '{tmp_path / 'a-file'}' is a file")):
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert result.exit_code == code and len(lines) == 1 and fragment in lines[0], result.output
         # a command line that does not parse names the command and where its help is, as Click's refusals do
@@ -270,6 +339,17 @@ def test_after_a_rollback_to_the_baseline_the_answer_says_a_model_had_passed(tmp
     assert answer["source"] == "baseline_champion" and answer["champion_version"] == 1
     assert answer["reason"] == ("baseline champion v1 answers: the champion was rolled back to it (v2 passed the "
                                 "gate; `recsys registry history` says when)")
+    # The baseline refreshed after that rollback: it said v3 was "rolled back to", and the refresh's own
+    # event said "no model has passed the gate yet"
+    with open_from(params_path) as reg:
+        fresh = mostpop_checkpoint(tmp_path, "fresh", BASELINE_COUNTS + [1], ["alice", "bob", "carol"])
+        assert reg.install_baseline(fresh, make_eval(-0.14, seed=3), dataset_version="d2") == 3
+        assert reg.history()[-1].reason == ("baseline champion refreshed: v3 (mostpop) replaces baseline v1; the "
+                                            "champion had been rolled back to the baseline")
+    answer = recommend_json(params_path, "--user", "alice", "-k", "2")
+    assert answer["source"] == "baseline_champion" and answer["champion_version"] == 3
+    assert answer["reason"] == ("baseline champion v3 answers: it refreshed the baseline the champion had been "
+                                "rolled back to (v2 passed the gate; `recsys registry history` says when)")
 
 
 @pytest.mark.parametrize("damage", ["users without user_id", "items without item_id", "events without timestamp",

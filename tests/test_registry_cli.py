@@ -246,6 +246,12 @@ def test_promote_command_from_stage_outputs(tmp_path, params_path):
     assert unlabelled.exit_code == 2 and unlabelled.output.strip() == (
         "error: recsys registry promote: --dataset-version is empty: leave it out for the DVC version of "
         "data/, or give a label (see 'recsys registry promote --help')"), unlabelled.output
+    # A control character was recorded for good and split every later `registry list` table's line
+    two_lines = invoke(registry_app, "promote", "--model", "sasrec", "--dataset-version", "a\nb",
+                       "--params", str(params_path))
+    assert two_lines.exit_code == 2 and two_lines.output.strip() == (
+        "error: recsys registry promote: --dataset-version 'a\\nb' holds a control character: give a label on "
+        "one line (see 'recsys registry promote --help')"), two_lines.output
     with open_from(params_path) as reg:
         assert reg.list_versions() == []  # refused before anything was registered
     # An unknown baseline was taken (a `rejected` version recorded for good, the name never said): refused.

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from recsys.config import DEFAULT_PARAMS, ConfigError, IngestConfig, build_dataclass, read_params
+from recsys.config import DEFAULT_PARAMS, ConfigError, IngestConfig, build_dataclass, params_root, read_params
 
 app = typer.Typer(add_completion=False)  # this one command; recsys/cli.py registers it as `recsys ingest`
 
@@ -42,7 +42,7 @@ def ingest(
     from recsys.ingest.layout import NOTHING_TO_INGEST, REJECTED, check_inbox, has_work
     from recsys.ingest.layout import paths as ingest_paths
 
-    root = params.resolve().parent
+    root = params_root(params)
     try:
         config = load_ingest_config(params)
         # the repository root is no inbox, nor the registry where this params file puts it

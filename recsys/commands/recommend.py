@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -27,7 +27,7 @@ from recsys.commands.registry import (
     refuse_usage,
     registry_label,
 )
-from recsys.config import DEFAULT_PARAMS
+from recsys.config import DEFAULT_PARAMS, params_root
 from recsys.layout import Layout
 from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, answer
 
@@ -44,7 +44,8 @@ def parse_time(value: str) -> int:
         moment.astimezone(UTC)
     except (OverflowError, ValueError) as err:
         raise RecommendError(f"--at {value!r} is outside the years 1 to 9999 in UTC") from err
-    return int(moment.timestamp())
+    # Floored, exactly (int() of the float truncated toward 1970: 1969-12-31T23:59:59.5Z became 1970)
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
 
 
 def parse_history(value: str) -> list[str]:
@@ -81,7 +82,7 @@ def recommend_command(
     at: Annotated[str | None, typer.Option("--at", help="Recommend as of this ISO-8601 time (UTC).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable answer.")] = False,
     prepared: Annotated[
-        Path | None, typer.Option("--prepared", help="Prepared dataset dir (default: artifacts/prepared).")
+        str | None, typer.Option("--prepared", help="Prepared dataset dir (default: artifacts/prepared).")
     ] = None,
     params: ParamsOption = DEFAULT_PARAMS,
 ) -> None:
@@ -92,7 +93,17 @@ def recommend_command(
         refuse_usage("recsys recommend", "give exactly one of --user ID or --history I1,I2,...")
     if user is not None and not user.strip():
         refuse_usage("recsys recommend", "--user is empty: give a raw user id, as in the dataset")
+    for option, value in (("--user", user), ("--history", history)):  # `--user --json`: the next option
+        if value is not None and value.startswith("--"):                  # was taken for the id
+            refuse_usage("recsys recommend", f"{option} {value!r} looks like an option: give {option}'s value "
+                                             "first")
     count = parse_count(k, "recsys recommend", "-k", MAX_K)
+    if prepared is not None and not (prepared.strip() and Path(prepared).is_dir()):
+        # named, so meant: answering without it (no titles, a history's seen items unknown) was silent
+        said = ("is empty" if not prepared.strip() else "is a file" if Path(prepared).exists()
+                else "does not exist")
+        refuse_usage("recsys recommend", f"--prepared {prepared!r} {said}: name prepare's output folder "
+                                         "(artifacts/prepared by default)")
     try:
         at_time = parse_time(at) if at is not None else None
         items = parse_history(history) if history is not None else None
@@ -100,11 +111,11 @@ def recommend_command(
         refuse_usage("recsys recommend", str(err))
     subject = f"user {user!r}" if user is not None else f"history {history!r}"
     with open_from_params(params, f"cannot recommend for {subject}", read_only=True) as registry:
-        root = Path(params).resolve().parent
-        prepared_dir = prepared if prepared is not None else Layout(root).prepared
+        root = params_root(params)
+        prepared_dir = Path(prepared) if prepared is not None else Layout(root).prepared
         try:
             result = answer(registry, prepared_dir, count, at_time, user=user, history=items,
-                            registry_label=registry_label(params))
+                            registry_label=registry_label(params), prepared_required=prepared is not None)
         except (RecommendError, CheckpointError, ValueError) as err:
             fail(str(err))
         except expected_errors() as err:

@@ -12,7 +12,7 @@ from typing import Annotated, Iterator, NoReturn
 
 import typer
 
-from recsys.config import DEFAULT_PARAMS, ConfigError, load_params
+from recsys.config import DEFAULT_PARAMS, ConfigError, load_params, params_root
 from recsys.entry import usage_line, verbose_requested
 from recsys.lineage import describe_init
 
@@ -97,7 +97,7 @@ def open_from_params(params_path: Path, doing: str = "registry",
     try:
         params = load_params(params_path)
         url = registry_url(params.registry)
-        registry = open_registry(params.registry, Path(params_path).resolve().parent, params.gate, read_only)
+        registry = open_registry(params.registry, params_root(params_path), params.gate, read_only)
     except expected_errors() as err:
         fail(describe(err, doing, url))
     try:
@@ -260,11 +260,14 @@ def promote_command(
     if dataset_version is not None and not dataset_version.strip():
         refuse_usage("recsys registry promote",
                      "--dataset-version is empty: leave it out for the DVC version of data/, or give a label")
+    if dataset_version is not None and not dataset_version.isprintable():  # recorded for good, shown in tables
+        refuse_usage("recsys registry promote", f"--dataset-version {dataset_version!r} holds a control "
+                                                "character: give a label on one line")
     url = None
     try:
         loaded = load_params(params)
         url = registry_url(loaded.registry)
-        decision = promote_candidate(Path(params).resolve().parent, loaded, model, baseline=baseline,
+        decision = promote_candidate(params_root(params), loaded, model, baseline=baseline,
                                      dataset_version=dataset_version)
     except expected_errors() as err:
         fail(describe(err, f"cannot promote {model!r}", url))

@@ -93,8 +93,7 @@ def _check_outputs(where: Paths) -> None:
     goes, or a place inside the versioned raw store (`dvc add` would version a report as data), DVC's or
     git's folders, or the expectation suites."""
     root = where.root
-    kept = {where.store: "the raw store data.dvc versions", root / ".dvc": "DVC's folder",
-            root / ".git": "git's folder", root / EXPECTATIONS: "the expectation suites"}
+    kept = _kept(where)
     for key, path, folder in (("quarantine", where.quarantine, True), ("reports", where.reports, True),
                               ("manifest", where.manifest, False)):
         resolved = path.resolve()
@@ -127,13 +126,21 @@ def _not_an_inbox(where: Paths, config: IngestConfig) -> str | None:
     return None
 
 
+def _kept(where: Paths) -> dict[Path, str]:
+    """The folders no ingest path may be or lie in: the versioned store, DVC's and git's, the suites. One
+    wording for both checks (`_check_outputs`, `_not_an_inbox`)."""
+    root = where.root
+    return {where.store: "the raw store data.dvc versions", root / ".dvc": "DVC's cache and configuration",
+            root / ".git": "git's repository",
+            root / EXPECTATIONS: "the expectation suites the batches are validated with"}
+
+
 def _owned(where: Paths) -> dict[Path, str]:
     """The folders the system writes: no inbox may be, lie in, or hold one."""
     root = where.root
-    owned = {where.store: "the raw store", where.quarantine: "ingest's quarantine (ingest.quarantine)",
+    owned = {where.quarantine: "ingest's quarantine (ingest.quarantine)",
              where.reports: "ingest's reports (ingest.reports)", where.state: "ingest's state and locks",
-             root / ".dvc": "DVC's cache and configuration", root / ".git": "git's repository",
-             root / EXPECTATIONS: "the expectation suites the batches are validated with"}
+             **_kept(where)}
     for output in (PREPARED, MODEL_DIR, WARM_DIR, EVAL_DIR, METRICS, CURVE, RESUME):
         owned.setdefault(root / Path(output).parts[0], "the pipeline's outputs")
     # The embedded registry's folder (registry.url's SQLite file, registry.artifact_root) by its defaults,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from recsys import store as raw_store
@@ -53,15 +54,18 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
     if not paths.pending.is_dir():
         return actions
     journals = sorted(paths.pending.glob("*.json"))
-    recorded = {r["batch_sha256"]: r for r in read_manifest(paths.manifest)} if journals else {}
+    if not journals:
+        return actions
+    recorded = _recorded(paths, index)
     for journal in journals:
         entry = json.loads(journal.read_text(encoding="utf-8"))
         record, part = entry["record"], entry["record"]["part_file"]
         sha = record["batch_sha256"]
         part_path = paths.store / raw_store.INTERACTIONS_DIR / part if part else None
         quarantine = entry["report"].get("quarantine_file")
-        if sha in recorded:
-            write_final_report(entry, recorded[sha]["data_version"])
+        known = recorded(sha)
+        if known is not None:
+            write_final_report(entry, known["data_version"])
             action = f"batch {sha[:16]} was already recorded; cleared its journal"
         elif not _written_before_the_crash(part_path, quarantine):
             if quarantine:
@@ -74,6 +78,15 @@ def recover_locked(paths: Paths, index: KeyIndex | None = None) -> list[str]:
         fsync_dir(paths.pending)
         actions.append(action)
     return actions
+
+
+def _recorded(paths: Paths, index: KeyIndex | None) -> Callable[[str], dict | None]:
+    """sha → the manifest's record of that batch, or None: through the key index an ingest run holds (a look
+    up), else by one read of the manifest (a reader's recovery, which opens no index)."""
+    if index is not None:
+        return lambda sha: index.batch_record(paths.manifest, sha)
+    records = {r["batch_sha256"]: r for r in read_manifest(paths.manifest)}
+    return records.get
 
 
 def _written_before_the_crash(part: Path | None, quarantine: str | None) -> bool:

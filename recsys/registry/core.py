@@ -31,8 +31,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from recsys.config import REGISTRY_URL_ENV, ConfigError, GateConfig, RegistryConfig, validate_name
 from recsys.gate import GateDecision, Scores, decide, load_statistics
@@ -70,6 +71,17 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 20
 # Column widths of model_versions (see db.py): checked before anything is copied or written.
 _LIMITS = {"dataset_version": 128, "code_version": 64, "eval_fingerprint": 64}
+
+
+def _a_model_passed(session: Session, model_id: int) -> bool:
+    """Whether a model (not a baseline) was ever promoted through the gate."""
+    return session.scalar(
+        select(PromotionEvent.id)
+        .join(ModelVersion, ModelVersion.id == PromotionEvent.candidate_version_id)
+        .where(PromotionEvent.model_id == model_id, PromotionEvent.decision == "promoted",
+               or_(ModelVersion.role.is_(None), ModelVersion.role != BASELINE_ROLE))
+        .limit(1)
+    ) is not None
 
 
 def _outdated(recorded: PromotionDecision, champion: int | None) -> bool:
@@ -232,7 +244,9 @@ class Registry(RegistryReads):
                 f"baseline champion: v{number} ({version.architecture}) serves until a model passes the gate"
                 if current is None
                 else f"baseline champion refreshed: v{number} ({version.architecture}) replaces baseline "
-                f"v{current.version}; no model has passed the gate yet"
+                f"v{current.version}; " + ("the champion had been rolled back to the baseline"
+                                           if _a_model_passed(session, model.id)
+                                           else "no model has passed the gate yet")
             )
             session.add(
                 PromotionEvent(

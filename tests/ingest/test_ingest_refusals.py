@@ -50,7 +50,7 @@ def cli(repo, *args):
 @pytest.mark.parametrize("inbox, why", [
     ("'.'", "{repo} is the repository root"),  # (`''` is refused as params.yaml loads: tests/test_config.py)
     ("..", "{repo.parent} is a folder above the repository {repo}"),
-    ("data", "{repo}/data is data/, the raw store"),
+    ("data", "{repo}/data is data/, the raw store data.dvc versions"),
     (".dvc/cache", "{repo}/.dvc/cache lies in .dvc/, DVC's cache and configuration"),
     (".git", "{repo}/.git is .git/, git's repository"),
     (".ingest", "{repo}/.ingest is .ingest/, ingest's state and locks"),
@@ -80,8 +80,8 @@ def test_an_inbox_that_is_no_inbox_is_refused_before_anything_is_touched(repo, i
     ("reports: data/reports", ("ingest.reports ({repo}/data/reports) lies in data/, the raw store data.dvc "
                                "versions: set ingest.reports in params.yaml to a path of its own, such as "
                                "reports/ingest")),
-    ("manifest: .dvc/m.jsonl", ("ingest.manifest ({repo}/.dvc/m.jsonl) lies in .dvc/, DVC's folder: set "
-                                "ingest.manifest in params.yaml to a path of its own, such as "
+    ("manifest: .dvc/m.jsonl", ("ingest.manifest ({repo}/.dvc/m.jsonl) lies in .dvc/, DVC's cache and "
+                                "configuration: set ingest.manifest in params.yaml to a path of its own, such as "
                                 "ingest_manifest.jsonl")),
 ], ids=["quarantine is a file", "reports in the store", "manifest in .dvc"])
 def test_an_output_path_a_run_cannot_or_must_not_write_is_refused_before_anything_is_touched(repo, setting,
