@@ -171,7 +171,8 @@ ABLATION = (
      "linear learning-rate warm-up over 100 optimiser steps (≈ 11 epochs on ML-100K)"),
     (f"{SASREC_D64},dropout=0.1", SASREC_D64, "dropout 0.1 (from 0.2)"),
     (f"{SASREC_D64},dropout=0.3", SASREC_D64, "dropout 0.3 (from 0.2)"),
-    (SASREC_P40, SASREC_D64, "patience 40 and no epoch floor (from patience 20 and a floor of 100)"),
+    (SASREC_P40, SASREC_D64, ("patience 40 (from 20; its rows trained with the epoch floor of 100 params.yaml "
+                              "held then, as their stored settings say)")),
     ("bert4rec@batching=random", None, "BERT4Rec's defaults (uniform batches, the newest window, patience 20, clipping 5)"),
     (BERT4REC_LONG, "bert4rec@batching=random",
      "BERT4Rec: whole history, no early stop before epoch 200, patience 40, no clipping, dropout 0.2"),

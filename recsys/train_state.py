@@ -148,6 +148,10 @@ class Resume:
                 tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).detach().cpu().contiguous()
         tensors["rng.torch"] = torch.get_rng_state()
         tensors["rng.generator"] = generator.get_state()
+        # On CUDA, dropout, BERT4Rec's masks and sampled negatives draw from each device's own generator
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for index, rng in enumerate(torch.cuda.get_rng_state_all()):
+                tensors[f"rng.cuda.{index}"] = rng
         save_file(tensors, str(tmp / "state.safetensors"))
         # A rate held as a tensor (train.cuda_graph: recsys.step_graph) is saved as the number it holds.
         groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
@@ -258,6 +262,9 @@ class Resume:
                     pstate["step"] = pstate["step"].to(param.device if on_device else "cpu", torch.float32)
         torch.set_rng_state(tensors["rng.torch"])
         generator.set_state(tensors["rng.generator"])
+        cuda = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
+        if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)  # (a state saved on another machine's devices: drawn afresh)
         return state
 
     def clear(self) -> None:

@@ -155,6 +155,22 @@ def test_resume_after_interruption_equals_uninterrupted_run(tiny_prepared, tiny_
     assert not any((tmp_path / "resumed" / "resume").iterdir())  # cleared once finished
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run in a GPU session)")
+def test_a_run_resumed_on_cuda_draws_its_dropout_as_the_uninterrupted_run_did(tiny_prepared, tiny_sasrec_config,
+                                                                             fast_train_config, tmp_path):
+    """Only the CPU generator was saved: on CUDA, dropout (and BERT4Rec's masks, sampled negatives) draw from
+    the device's generator, which a resumed run re-seeded from the start of the run."""
+    cfg = dataclasses.replace(fast_train_config, epochs=3, device="cuda")
+    config = dataclasses.replace(tiny_sasrec_config, dropout=0.3)
+    straight = run(tiny_prepared, config, cfg, tmp_path / "straight")
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_prepared, config, cfg, tmp_path / "resumed", on_epoch=Interrupt(at=1))
+    result = run(tiny_prepared, config, cfg, tmp_path / "resumed", on_epoch=Interrupt())
+    assert result.best_valid == pytest.approx(straight.best_valid, abs=1e-6)
+    curve, expected = read_curve(tmp_path / "resumed" / "curve.csv"), read_curve(tmp_path / "straight" / "curve.csv")
+    assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-6)
+
+
 def test_the_weight_average_follows_the_trained_weights_by_its_decay():
     from recsys.train_state import WeightAverage
 
