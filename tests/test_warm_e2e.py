@@ -24,7 +24,9 @@ def changed_stages(repo: Path) -> set[str]:
 
 
 def test_a_warm_candidate_starts_from_the_champion_through_dvc_and_the_retrain_flow(tmp_path):
-    repo = make_repo(tmp_path / "repo", {"train": {"epochs": 6, "patience": 3}})
+    # FLOW_PARAMS' 12 epochs: at 6 the cold champion's gain over MostPop (p=0.057 over 80 users once repeated
+    # targets count as misses) was not significant, and nothing was promoted to start from
+    repo = make_repo(tmp_path / "repo")
     cold_note = (repo / "artifacts" / "warm" / "sasrec" / "source.json").read_text()  # `recsys bootstrap`
     assert json.loads(cold_note)["source"] is None
 
