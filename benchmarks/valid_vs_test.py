@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-FILES = {"CPU": RESULTS / "models.json", "GPU": RESULTS / "models-gpu.json"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import curves  # the run strings and the results files
+from results_md import mean_sd, row_seed
+
+FILES = {"CPU": curves.RESULTS, "GPU": curves.GPU_RESULTS}
 
 # Settings that say where/how a row ran, not what it learned (bench_models._RERUN_FREE and the seed).
 IGNORED = {"seed", "device", "max_minutes", "progress", "eval_batch_size", "cpu_allocator"}
@@ -53,26 +57,14 @@ BEFORE_THE_KEY = {
 
 CHOSEN_AT = "chosen"
 
-# Run strings (benchmarks/curves.py's constants, spelled out so this script stands alone).
-REF = "sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0"
-R2 = "sasrec:ce@residual=reference,n_heads=2,patience=20"
-R1 = "sasrec:ce@residual=reference,n_heads=1"
-WALL = f"{REF},windows=all"
-MIN100 = f"{WALL},min_epochs=100"
-SASREC_D64 = f"{MIN100},batching=random"
-SASREC_DEFAULT = f"{SASREC_D64},dim=128,lr=0.002"
-SASREC_P40 = "sasrec:ce@residual=reference,n_heads=2,patience=40,grad_clip=0,windows=all,batching=random"
-B_LONG = "bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2"
-B_P40 = "bert4rec@windows=all,patience=40,grad_clip=0,dropout=0.2"
-B_REF = f"{B_LONG},residual=reference"
-B_HN = f"{B_REF},head_norm=true"
-B_LIS = f"{B_HN},last_item_share=0.1"
-B_DEFAULT = f"{B_LIS},ema=0.999,ema_warmup=true"
-B_EXACT = f"{B_LIS},masking=exact"
-B_G = f"{B_LIS},cuda_graph=true"
-M_LONG = "mojito@batching=random,patience=20,min_epochs=100,windows=all"
-M_LR2 = f"{M_LONG},lr=0.002"
-M_WIDE = f"{M_LONG},dim=128,lr=0.002"
+# Run strings: benchmarks/curves.py's constants (one spelling of each run), under short names for the table.
+REF, R2, WALL, MIN100 = curves.REF, curves._R2, curves._WINDOWS_ALL, curves._MIN100
+R1 = "sasrec:ce@residual=reference,n_heads=1"  # (curves.py names no constant for it)
+SASREC_D64, SASREC_DEFAULT, SASREC_P40 = curves.SASREC_D64, curves.SASREC_DEFAULT_RUN, curves.SASREC_P40
+B_LONG, B_P40, B_REF, B_HN = curves.BERT4REC_LONG, curves.BERT4REC_P40, curves.BERT4REC_REF, curves.BERT4REC_REF_HN
+B_LIS, B_DEFAULT, B_EXACT = curves.BERT4REC_LIS01, curves.BERT4REC_EMA_WARMUP, curves.BERT4REC_EXACT
+B_G = curves.BERT4REC_GRAPHED
+M_LONG, M_LR2, M_WIDE = curves.MOJITO_LONG, curves.MOJITO_LR2, curves.MOJITO_WIDE
 
 # (params.yaml setting = chosen value, alternative, file, dataset, chosen run, alternative run, note)
 # Ordered as params.yaml; each is either cited with numbers in a params.yaml comment or a decision the
@@ -217,10 +209,6 @@ def load() -> list[dict]:
     return rows
 
 
-def seed_of(row: dict) -> int:
-    return int(row["seed"] if "seed" in row else row["train"]["seed"])
-
-
 def settings(row: dict) -> dict:
     """A row's model and train settings as trained, keys absent then read as the code's behaviour then."""
     config = dict(row["config"])
@@ -251,12 +239,6 @@ def differences(a: list[dict], b: list[dict]) -> tuple[list[str], list[str]]:
             text = f"{key[2:]} {'/'.join(va)} → {'/'.join(vb)}".replace('"', "")
             (execution if key in EXECUTION else model).append(text)
     return model, execution
-
-
-def mean_sd(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def verdict(chosen: list[float], alt: list[float]) -> str:
@@ -291,11 +273,11 @@ def main() -> None:
         side_a = [r for r in rows if r["_file"] == source and r["dataset"] == dataset and r["run"] == run_a]
         if not side_c or not side_a:
             raise SystemExit(f"comparison {i}: no rows for {run_c if not side_c else run_a} in {source} {dataset}")
-        shared = sorted({seed_of(r) for r in side_c} & {seed_of(r) for r in side_a})
+        shared = sorted({row_seed(r) for r in side_c} & {row_seed(r) for r in side_a})
         if not shared:
             raise SystemExit(f"comparison {i}: the two runs share no seed")
-        c = sorted((r for r in side_c if seed_of(r) in shared), key=seed_of)
-        a = sorted((r for r in side_a if seed_of(r) in shared), key=seed_of)
+        c = sorted((r for r in side_c if row_seed(r) in shared), key=row_seed)
+        a = sorted((r for r in side_a if row_seed(r) in shared), key=row_seed)
         vc, va = [r["valid_ndcg@10"] for r in c], [r["valid_ndcg@10"] for r in a]
         tc, ta = [r["test_ndcg@10"] for r in c], [r["test_ndcg@10"] for r in a]
         v_verdict, t_verdict = verdict(vc, va), verdict(tc, ta)
@@ -303,13 +285,13 @@ def main() -> None:
         notes = [f"differ in: {'; '.join(model_diff)}" if model_diff else "differ in: nothing (!)"]
         if exec_diff:
             notes.append(f"execution only: {'; '.join(exec_diff)}")
-        unconverged = sorted({f"{r['run'] == run_c and 'chosen' or 'alternative'} seed {seed_of(r)} "
+        unconverged = sorted({f"{r['run'] == run_c and 'chosen' or 'alternative'} seed {row_seed(r)} "
                               f"stopped by {r['stopped_by']}" for r in c + a if r["stopped_by"] != "early_stopping"})
         if unconverged:
             notes.append("not early-stopped: " + ", ".join(unconverged))
-        extra = [f"{name} also has seeds {seeds_text(sorted({seed_of(r) for r in side} - set(shared)))}"
+        extra = [f"{name} also has seeds {seeds_text(sorted({row_seed(r) for r in side} - set(shared)))}"
                  for name, side in (("chosen", side_c), ("alternative", side_a))
-                 if {seed_of(r) for r in side} - set(shared)]
+                 if {row_seed(r) for r in side} - set(shared)]
         notes += extra
         notes.append(note)
         file = "models.json" if source == "CPU" else "models-gpu.json"
