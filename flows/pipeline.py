@@ -29,13 +29,10 @@ from flows.retrain import (
     fan_out_ready,
     retrain,
 )
-from recsys.config import load_params, workspace_root
 from recsys.entry import ArgumentParser
 from recsys.fanout import IDLE_MINUTES
 from recsys.ingest.errors import BatchesRejected
 from recsys.ingest.layout import NOTHING_TO_INGEST
-from recsys.layout import Layout
-from recsys.retraining import select_models
 from recsys.recommend import describe_champion
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
@@ -66,11 +63,9 @@ def pipeline(
     # before ingest: retrain would refuse them (a UI or API run's models too, against params.yaml)
     quiet_console()
     check_run_parameters(epochs, fan_out, fan_out_idle_minutes, models)
-    check_command_line(repo_root, models)
+    root, params, selected = check_command_line(repo_root, models)
     if fan_out:  # a fan-out the retrain would refuse (--force, the code not pushed, no such deployment)
-        root = workspace_root(repo_root)
-        params = load_params(Layout(root).params)
-        fan_out_ready(root, params, select_models(params, models), force, fan_out, warn=False)
+        fan_out_ready(root, params, selected, force, fan_out, warn=False)
     rejected = None
     if has_batches_or_unfinished_work(repo_root, ingest_config(repo_root, inbox)):  # (a bad inbox: refused)
         # A rejected batch is moved aside: retrain on what was accepted, then fail as the ingest flow did.

@@ -214,12 +214,14 @@ def fan_out_ready(root: Path, params: Any, selected: list[str], force: bool, fan
     return commit
 
 
-def check_command_line(repo_root: str, models: list[str] | None) -> None:
+def check_command_line(repo_root: str, models: list[str] | None) -> tuple[Path, Any, list[str]]:
     """`run_main`'s precheck for this flow's and the pipeline's command lines: the repository, its params.yaml
     and the models the flow's first steps would refuse (`workspace_root`, `load_params`, `select_models`) —
-    one line before Prefect's server starts and a failed flow run is recorded."""
+    one line before Prefect's server starts and a failed flow run is recorded. Returns (root, params, the
+    selected models)."""
     root = workspace_root(repo_root)
-    select_models(load_params(Layout(root).params), models)
+    params = load_params(Layout(root).params)
+    return root, params, select_models(params, models)
 
 
 def epochs_argument(text: str) -> int:
