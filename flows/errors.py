@@ -118,7 +118,7 @@ def _short(err: BaseException) -> str:
 
 
 def run_main(run: Callable[[], Any], verbose: bool = False, temporary_server: bool = True,
-             precheck: Callable[[], None] | None = None) -> Any:
+             precheck: Callable[[], object] | None = None) -> Any:
     """A flow's `__main__`: run it; a user error ends the process with one `error:` line and exit code 1.
 
     `precheck` runs first: what the command line names that the flow would refuse in its first steps (a
