@@ -102,12 +102,13 @@ def data_batch(
         raise typer.BadParameter(f"{index!r} is not a whole number written plainly (1, 2, …)",
                                  param_hint="'INDEX'")
     # Past 18 digits a number is out of every range (and past 4,300 int() refuses it with a traceback)
-    long = len(index.lstrip("-")) > 18
+    digits = len(index.lstrip("-"))
+    long = digits > 18
     number = (-1 if index.startswith("-") else 10**18) if long else int(index)
     chosen = file_option(out) if out is not None else None
     loaded = load_params(params)
     problem = batch_index_problem(loaded.generate, number,
-                                  said=f"a number of {len(index.lstrip('-')):,} digits" if long else None)
+                                  said=f"a number of {digits:,} digits" if long else None)
     if problem:  # a value of the command line's, out of its range: a usage error, before anything is created
         raise typer.BadParameter(problem.removeprefix("batch index "), param_hint="'INDEX'")
     # The inbox of the repository whose params.yaml this is, as `recsys ingest --params` reads it: from
