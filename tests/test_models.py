@@ -14,6 +14,7 @@ from recsys.model_configs import TRAINABLE as TRAINABLE_FLAGS
 from recsys.models import MODELS, build_model, config_from_dict
 from recsys.models.base import Batch
 from recsys.models.bert4rec import BERT4RecConfig, full_sequences
+from recsys.models.blocks import newest
 
 N_ITEMS, N_USERS, L = 30, 6, 12
 ALL = sorted(MODELS)
@@ -205,24 +206,37 @@ def test_scoring_shortcut_equals_the_full_encoder(name, residual):
     model = make_model(name, **({"residual": residual} if residual else {})).eval()
     batch = eval_batch(*sequences(B=4, seed=9))
     inputs = model.append_mask(batch.items) if name == "bert4rec" else batch
-    with torch.no_grad():
-        full, last = model(inputs), model(inputs, last_only=True)
+    with torch.no_grad():  # BERT4Rec names the positions (its loss computes the masked ones only)
+        full = model(inputs)
+        last = model(inputs, newest(inputs)) if name == "bert4rec" else model(inputs, last_only=True)
     assert last.shape == (4, 1, full.shape[-1])
     torch.testing.assert_close(last[:, 0], full[:, -1])
 
 
 @pytest.mark.parametrize("head_norm", [False, True])
 def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions(head_norm):
+    """The loss runs the final block for the masked positions only (rows masking different counts, padding
+    included); its value and every parameter's gradient are those of the whole encoder read there."""
     model = make_model("bert4rec", head_norm=head_norm).eval()
     batch = train_batch(*sequences(B=4, seed=8))
+    shapes = []
+    model.blocks[-1].register_forward_hook(lambda module, args, out: shapes.append(out.shape))
     torch.manual_seed(3)
     loss = model.loss(batch)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
     torch.manual_seed(3)
     seq = full_sequences(batch, L)
     masked = model.cloze_mask(seq)
-    with torch.no_grad():
-        logits = model.output_logits(model(seq.masked_fill(masked, model.mask_id))[masked])
-    torch.testing.assert_close(loss.detach(), F.cross_entropy(logits, seq[masked]), rtol=1e-5, atol=1e-5)
+    assert masked.sum(1).unique().numel() > 1  # the rows' masked counts differ: filler slots are exercised
+    assert shapes[0][1] == masked.sum(1).max() < seq.shape[1]  # the final block ran the masked slots only
+    logits = model.output_logits(model(seq.masked_fill(masked, model.mask_id))[masked])
+    want = F.cross_entropy(logits, seq[masked])
+    torch.testing.assert_close(loss.detach(), want.detach(), rtol=1e-5, atol=1e-5)
+    for got, ref in zip(grads, torch.autograd.grad(want, list(model.parameters()), allow_unused=True)):
+        if ref is None:
+            assert got is None or not got.any()
+        else:
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-6)
 
 
 def test_bert4rec_head_norm_normalises_the_output_transform():

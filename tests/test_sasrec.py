@@ -174,7 +174,7 @@ def test_dropout_is_off_in_eval_mode():
 
 def test_reference_block_takes_keys_from_the_raw_input_and_adds_the_normalised_query():
     """x ← LN₁(x) + Attn(q=LN₁(x), k=v=x); x ← LN₂(x) + FFN(LN₂(x)), written out by hand."""
-    from recsys.models.blocks import TransformerBlock, attention_mask
+    from recsys.models.blocks import TransformerBlock, attention_mask, newest
 
     torch.manual_seed(0)
     block = TransformerBlock(8, 2, 0.0, ffn_dim=8, residual="reference").eval()
@@ -193,7 +193,31 @@ def test_reference_block_takes_keys_from_the_raw_input_and_adds_the_normalised_q
     y = block.ln2(h)
     want = y + block.ffn(y)
     torch.testing.assert_close(block(x, attention_mask(items, causal=True)), want)
-    torch.testing.assert_close(block(x, attention_mask(items, causal=True), last_only=True), want[:, -1:])
+    torch.testing.assert_close(block(x, attention_mask(items, causal=True), newest(items)), want[:, -1:])
+
+
+@pytest.mark.parametrize("residual", ["reference", "pre_ln"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_block_asked_for_some_positions_gives_exactly_their_outputs_and_gradients(residual, causal):
+    """`queries` (any positions, any order, repeats, padding) computes those rows of the whole block's output,
+    and the gradients reaching the input and every parameter are the whole block's read at those rows."""
+    from recsys.models.blocks import TransformerBlock, attention_mask
+
+    torch.manual_seed(4)
+    block = TransformerBlock(8, 2, 0.0, ffn_dim=16, residual=residual).eval()
+    items = torch.tensor([[0, 0, 3, 5, 2, 4], [4, 1, 2, 2, 7, 9]])
+    mask = attention_mask(items, causal=causal)
+    x = torch.randn(2, 6, 8, requires_grad=True)
+    queries = torch.tensor([[5, 2, 4, 0], [1, 3, 3, 0]])
+    part = block(x, mask, queries)
+    full = block(x, mask).gather(1, queries[..., None].expand(-1, -1, 8))
+    assert part.shape == (2, 4, 8)
+    torch.testing.assert_close(part, full)
+    weights = torch.randn(2, 4, 8)
+    wrt = [x, *block.parameters()]
+    for got, want in zip(torch.autograd.grad((part * weights).sum(), wrt),
+                         torch.autograd.grad((full * weights).sum(), wrt)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_config_rejects_unknown_arrangements():

@@ -36,7 +36,7 @@ from torch import nn
 
 from recsys.model_configs import BERT4RecConfig
 from recsys.models.base import Batch, SequentialModel
-from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.blocks import TransformerBlock, attention_mask, newest
 from recsys.models.dropout import Dropout
 from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 from recsys.models.sasrec import _init_weights, positions_from_end, sample_negatives
@@ -85,15 +85,16 @@ class BERT4Rec(SequentialModel):
                              persistent=False)
         self.apply(_init_weights)
 
-    def forward(self, items: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """(B, L) item ids, possibly holding [mask] → (B, L, D) bidirectional hidden states."""
+    def forward(self, items: torch.Tensor, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) item ids, possibly holding [mask] → (B, L, D) bidirectional hidden states; with `queries`
+        (B, M) positions, theirs only (B, M, D): the final block computes nothing else (blocks.py)."""
         items = items[:, -self.config.max_len :]
         x = self.item_emb(items) * math.sqrt(self.config.dim)  # (B, L, D)
         x = x + self.pos_emb(positions_from_end(items))
         x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
         mask = attention_mask(items, causal=False)  # (B, 1, L, L)
-        for i, block in enumerate(self.blocks):  # `last_only`: the final block outputs position -1 only
-            x = block(x, mask, last_only and i == len(self.blocks) - 1)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, queries if i == len(self.blocks) - 1 else None)
         return self.final_norm(x)
 
     def transform(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -158,8 +159,14 @@ class BERT4Rec(SequentialModel):
             weight = self.item_emb.weight[1 : self.n_items + 1]
             h = self.transform(self(inputs))  # (B, L, D)
             return cross_entropy_at_positions(h, weight, seq, masked, batch.loss_rows, bias=self.out_bias[1:])
-        hidden = self(inputs)[masked]  # (N, D)
-        y = seq[masked]  # (N,)
+        # The loss reads the masked positions only, so the final block computes only theirs: each row's
+        # masked positions in order, then its unmasked ones as filler up to the longest row's count.
+        counts = masked.sum(1)  # (B,)
+        slots = int(counts.max())
+        queries = (~masked).to(torch.uint8).argsort(dim=1, stable=True)[:, :slots]  # (B, M) masked first
+        filled = torch.arange(slots, device=seq.device) < counts[:, None]  # (B, M)
+        hidden = self(inputs, queries)[filled]  # (N, D): seq[masked]'s order (row-major, ascending position)
+        y = seq.gather(1, queries)[filled]  # (N,)
         h = self.transform(hidden)  # (N, D)
         if cfg.loss == "ce":  # full softmax over the real items: the head, chunked (losses.py)
             weight = self.item_emb.weight[1 : self.n_items + 1]
@@ -178,5 +185,6 @@ class BERT4Rec(SequentialModel):
         return torch.cat([items, mask_col], dim=1)[:, -self.config.max_len :]
 
     def score(self, batch: Batch) -> torch.Tensor:
-        hidden = self(self.append_mask(batch.items), last_only=True)[:, -1]  # (B, D)
+        items = self.append_mask(batch.items)
+        hidden = self(items, newest(items))[:, -1]  # (B, D)
         return self.output_logits(hidden)  # (B, I + 1)

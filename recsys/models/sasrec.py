@@ -27,7 +27,7 @@ from torch import nn
 
 from recsys.model_configs import SASRecConfig
 from recsys.models.base import Batch, SequentialModel
-from recsys.models.blocks import TransformerBlock, attention_mask
+from recsys.models.blocks import TransformerBlock, attention_mask, newest
 from recsys.models.dropout import Dropout, dropout
 from recsys.models.losses import cross_entropy_at_positions, linear_cross_entropy
 
@@ -93,7 +93,7 @@ class SASRec(SequentialModel):
         x = self.emb_dropout(x) * (items > 0).unsqueeze(-1)
         mask = attention_mask(items, causal=True)  # (B, 1, L, L)
         for i, block in enumerate(self.blocks):  # `last_only`: the final block outputs position -1 only
-            x = block(x, mask, last_only and i == len(self.blocks) - 1)
+            x = block(x, mask, newest(items) if last_only and i == len(self.blocks) - 1 else None)
         return self.final_norm(x)  # (B, L, D)
 
     def loss(self, batch: Batch) -> torch.Tensor:
