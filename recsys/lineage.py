@@ -92,6 +92,9 @@ def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) ->
         "train": train,
         "evaluate": dataclasses.asdict(params.evaluate),
         "init": checkpoint_meta.get("init") or {"mode": "cold"},  # a cold checkpoint records nothing
+        # The prepare settings its training data was split with (None: MostPop, or trained before they were
+        # recorded): a warm start from it must see the same split (recsys/warm_source.py).
+        "prepare": checkpoint_meta.get("prepare"),
     }
 
 

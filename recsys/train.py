@@ -175,7 +175,8 @@ def train_model(
     def checkpoint(epoch: int, valid: dict) -> None:
         if not world.is_main:
             return
-        extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg)}
+        extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
+                 "prepare": prepared.fingerprint.get("config")}  # how its data was split (warm_source.py)
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,

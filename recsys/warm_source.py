@@ -15,6 +15,13 @@ stages trained) becomes the source once new data arrives, so a run with nothing 
 family the new champion is. `warm` asks for a start in any case: when the champion as the data arrived was
 another model (or there was none), it starts from the first version of its own family that became champion
 on the current data, a choice later promotions on the same data do not move either.
+
+A source must have been trained on data split as today's (`prepare`: the k-core thresholds and the split,
+recorded in its checkpoint and version): with the same settings a data version that only grows keeps every
+event the source trained on in training, but under another split rule today's validation and test events
+may be among them — an evaluation that leaks, and a promotion it may decide. Such a champion is passed over
+as if it were another family's (a version that recorded no settings, trained before they were, is taken as
+it was).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recsys.checkpoint import CheckpointError
-from recsys.config import Params, validate_name
+from recsys.config import ConfigError, Params, PrepareConfig, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
 from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
@@ -77,19 +84,24 @@ class Choice:
     says: str
 
 
-def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data: str | None) -> Choice:
+def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data: str | None,
+           prepare: PrepareConfig | None = None) -> Choice:
     """The warm source of `model` under `mode` (warm | auto), from every version that became champion, in
-    order (`Registry.champion_line`), and the current data version. Reasons recorded for none name no
-    version numbers, so they stay the same while the situation does."""
+    order (`Registry.champion_line`), the current data version and the current prepare settings (None:
+    not compared). Reasons recorded for none name no version numbers, so they stay the same while the
+    situation does."""
     if not champions:
         return Choice(None, NO_EARLIER_CHAMPION, f"{model}: none (no champion yet)")
     champion = champions[-1]
     earlier = [i for i, v in enumerate(champions) if not _trained_on(v, current_data)]
     arrived = champions[earlier[-1]] if earlier else None  # the champion as the current data arrived
     later = champions[earlier[-1] + 1:] if earlier else champions  # each trained on the current data
-    pick = arrived if arrived is not None and arrived.architecture == model else None
+    family = arrived is not None and arrived.architecture == model
+    split_otherwise = _split_otherwise(arrived, prepare) if family else None
+    pick = arrived if family and split_otherwise is None else None
     if pick is None and mode == "warm":
-        pick = next((v for v in later if v.architecture == model), None)
+        pick = next((v for v in later if v.architecture == model and _split_otherwise(v, prepare) is None),
+                    None)
     ours = champion.architecture == model
     when = f"the champion v{champion.version} was trained on the current data" + (
         "; new data makes it the warm source" if ours else f" (a {champion.architecture} model)")
@@ -98,6 +110,12 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
                       f"{model}: v{pick.version} kept ({when})")
     if arrived is None:
         return Choice(None, NO_EARLIER_CHAMPION, f"{model}: none kept ({when})")
+    if split_otherwise is not None:
+        return Choice(None, "the champion as the current data arrived was trained on data prepared "
+                            f"otherwise ({split_otherwise}): it may have learnt today's validation and test "
+                            "events",
+                      f"{model}: none (v{arrived.version} was trained on data prepared otherwise: "
+                      f"{split_otherwise}; trains cold)")
     reason = f"the champion is a {arrived.architecture} model, not {model}"
     if arrived.version == champion.version:
         return Choice(None, reason, f"{model}: none (the champion v{champion.version} is a "
@@ -108,6 +126,22 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
 
 def _trained_on(version: VersionInfo, data: str | None) -> bool:
     return data is not None and version.dataset_version == data
+
+
+def _split_otherwise(version: VersionInfo, prepare: PrepareConfig | None) -> str | None:
+    """How the split settings `version` was trained under differ from `prepare`'s ("prepare.split loo, now
+    global_time"), or None when they match or either is unknown."""
+    recorded = (version.params or {}).get("prepare")
+    if prepare is None or not isinstance(recorded, dict):
+        return None
+    try:
+        theirs = PrepareConfig(**recorded).split_settings()
+    except (TypeError, ConfigError):  # recorded by another recsys version: compared as it stands
+        theirs = recorded
+    ours = prepare.split_settings()
+    changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
+        k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
+    return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None
 
 
 class WarmSourceUnavailable(Exception):
@@ -173,7 +207,7 @@ def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: 
         write_none(warm_dir, WRITTEN_COLD)
         return f"{model}: cold (train.init is cold)"
     assert registry is not None
-    choice = choose(champions, model, mode, current_data)
+    choice = choose(champions, model, mode, current_data, params.prepare)
     if choice.version is None:
         write_none(warm_dir, choice.reason or "")
         return choice.says

@@ -99,6 +99,7 @@ def test_flow_and_cli_record_identical_lineage(workspace):
         "train": trained,
         "evaluate": json.loads(json.dumps(dataclasses.asdict(params.evaluate))),
         "init": {"mode": "cold"},  # trained with train.init: cold (the checkpoint records no init)
+        "prepare": json.loads(json.dumps(dataclasses.asdict(params.prepare))),  # the split it trained under
     }
     # Registered by hand, the version still records its code (dirty: code.py was edited) and dataset.
     assert candidate["code_version"] == baseline["code_version"] == f"{head}-dirty"

@@ -69,6 +69,7 @@ def test_short_training_writes_checkpoint_and_curve(trained_sasrec, tiny_prepare
     assert meta["best_epoch"] == result.best_epoch
     assert meta["dataset_fingerprint"] == tiny_prepared.fingerprint["fingerprint"]
     assert meta["train_config"] == dataclasses.asdict(fast_train_config)
+    assert meta["prepare"] == tiny_prepared.fingerprint["config"]  # its split (warm_source.py)
     # The checkpoint is the selected epoch's model: it reproduces the best validation score.
     model, _ = load_model(ckpt)
     valid = evaluate_model(model, tiny_prepared, "valid", EvaluateConfig(ks=(10,)))

@@ -34,10 +34,11 @@ runner = CliRunner()
 SASREC = {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20}
 
 
-def workspace(root: Path, init: str, data: str = "d1") -> Path:
+def workspace(root: Path, init: str, data: str = "d1", prepare: dict | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     params = {"models": ["mostpop", "sasrec", "bert4rec"], "train": {"init": init}, "sasrec": SASREC,
-              "registry": {"url": "sqlite:///registry/registry.db", "artifact_root": "registry/artifacts"}}
+              "registry": {"url": "sqlite:///registry/registry.db", "artifact_root": "registry/artifacts"},
+              **({"prepare": prepare} if prepare else {})}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     set_data(root, data)
     return root
@@ -48,7 +49,8 @@ def set_data(root: Path, version: str) -> None:
     (root / "data.dvc").write_text(f"outs:\n- md5: {version}.dir\n  nfiles: 2\n  path: data\n")
 
 
-def champion(root: Path, name: str = "sasrec", *, data: str = "d0", seed: int = 0, init: dict | None = None):
+def champion(root: Path, name: str = "sasrec", *, data: str = "d0", seed: int = 0, init: dict | None = None,
+             prepare: dict | None = None):
     """Register a checkpoint of `name` trained on data version `data` (by default an earlier one than the
     workspace's d1: the champion a new batch finds) and make it the champion."""
     params = load_params(root / "params.yaml")
@@ -58,7 +60,8 @@ def champion(root: Path, name: str = "sasrec", *, data: str = "d0", seed: int = 
                            item_ids=list("abcd"), user_ids=["u1", "u2"],
                            extra={"init": init} if init else None)
     with open_registry(params.registry, root, params.gate) as registry:
-        lineage = {"model": name, "init": init or {"mode": "cold"}}
+        lineage = {"model": name, "init": init or {"mode": "cold"},
+                   **({"prepare": prepare} if prepare else {})}
         return registry.install_baseline(ckpt, make_eval(0.0), params=lineage, dataset_version=f"{data}.dir")
 
 
@@ -124,6 +127,43 @@ def test_a_champion_trained_on_the_current_data_does_not_replace_the_source(tmp_
     set_data(root, "d2")  # a batch arrived
     assert resolve(root)[1] == f"sasrec: v{second} (updated)"
     assert source(root, "sasrec").version == second
+
+
+LOO = {"min_user_interactions": 5, "min_item_interactions": 5, "split": "loo", "valid_quantile": 0.8,
+       "test_quantile": 0.9}
+
+
+def test_a_champion_trained_on_data_split_otherwise_is_never_the_source(tmp_path):
+    """A champion trained under leave-one-out may have learnt events a global-time split now validates and
+    tests on: it is passed over (the line says which setting changed), and under `warm` the same family's
+    first version trained on the current data with today's settings is taken instead."""
+    root = workspace(tmp_path / "repo", "auto", prepare={"split": "global_time"})
+    first = champion(root, prepare=LOO)
+    assert resolve(root)[1] == (f"sasrec: none (v{first} was trained on data prepared otherwise: "
+                                "prepare.split loo, now global_time; trains cold)")
+    got = source(root, "sasrec")
+    assert got.version is None and got.reason == (
+        "the champion as the current data arrived was trained on data prepared otherwise (prepare.split loo, "
+        "now global_time): it may have learnt today's validation and test events")
+    today = {**LOO, "split": "global_time"}
+    second = champion(root, data="d1", seed=1, prepare=today)  # trained on the current data, today's split
+    assert resolve(root)[1].startswith(f"sasrec: none (v{first} was trained on data prepared otherwise")
+    workspace(root, "warm", prepare={"split": "global_time"})
+    assert resolve(root)[1] == (f"sasrec: v{second} (updated)")
+    set_data(root, "d2")  # the next batch: the champion, trained under today's split, is the source
+    workspace(root, "auto", data="d2", prepare={"split": "global_time"})
+    assert resolve(root)[1] == f"sasrec: v{second}"
+
+
+def test_the_split_settings_compared_are_those_that_move_events(tmp_path):
+    """Under leave-one-out the time quantiles split nothing: a champion recorded with others is still the
+    source; a k-core threshold decides which events remain, so a change there passes it over."""
+    root = workspace(tmp_path / "repo", "auto", prepare={"valid_quantile": 0.5, "test_quantile": 0.6})
+    version = champion(root, prepare=LOO)
+    assert resolve(root)[1] == f"sasrec: v{version} (updated)"
+    workspace(root, "auto", prepare={"min_item_interactions": 10})
+    assert resolve(root)[1] == (f"sasrec: none (v{version} was trained on data prepared otherwise: "
+                                "prepare.min_item_interactions 5, now 10; trains cold)")
 
 
 def test_no_source_yet_is_kept_under_auto_but_not_under_warm(tmp_path):
