@@ -260,3 +260,26 @@ def test_scores_do_not_depend_on_the_scoring_batch(trained_sasrec, tiny_prepared
     # it split
     assert len(calls[0]) == 1 and len(calls[7]) == math.ceil(n_valid / 7) > 1 and max(calls[7]) == 7
     assert ranks[0].tolist() == ranks[1].tolist()
+
+
+def test_scoring_batches_hold_similar_lengths_and_results_come_back_in_user_order(tiny_prepared):
+    """Targets are batched by input length (a batch pads to its longest input), and the ranks and users come
+    back in `eval_targets` order, with or without the sampled extra."""
+    from recsys.ranking import RankingInputs, rank_targets
+
+    data = SequenceData.from_prepared(tiny_prepared)
+    n = tiny_prepared.n_items
+    model = ScriptedScores(torch.arange(n + 1, dtype=torch.float32))
+    inputs = RankingInputs(data, "valid", 6, batch_size=3)
+    widths = [eb.batch.items.shape[1] for eb in inputs.batches]
+    assert len(set(widths)) > 1 and widths == sorted(widths)  # lengths differ in the data; batches ascend
+    targets = data.eval_targets("valid")
+    assert inputs.users.tolist() == np.searchsorted(data.offsets, targets, side="right").tolist()
+    expected = [MISS_RANK if int(data.items[t]) in seen_before(data, t) else
+                1 + sum(1 for i in range(int(data.items[t]) + 1, n + 1) if i not in seen_before(data, t))
+                for t in targets]
+    assert inputs.ranks(model).tolist() == expected
+    users, ranks, sampled = rank_targets(model, data, "valid", batch_size=3, sampled_negatives=5)
+    assert users.tolist() == inputs.users.tolist() and ranks.tolist() == expected
+    missed = ranks == MISS_RANK  # a repeat misses under both; the rest rank among 1 + 5 sampled items
+    assert (sampled == MISS_RANK).tolist() == missed.tolist() and bool((sampled[~missed] <= 6).all())
