@@ -62,15 +62,18 @@ class RankingInputs:
         device: torch.device | str = "cpu",
         item_map: np.ndarray | None = None,
         user_map: np.ndarray | None = None,
+        by_length: bool = True,
     ):
         self.device = torch.device(device)
         self.n_items = data.n_items
         targets = data.eval_targets(split)
-        # Batches of similar history lengths: a batch is padded to its longest input, and in user order
-        # nearly every batch holds one at max_len (ml-1m-half: 1.9 × the real tokens; sorted 1.14 ×). Results
-        # come back in user order (`in_user_order`), so nothing downstream sees the batching.
+        # `by_length`: batches of similar history lengths. A batch is padded to its longest input, and in user
+        # order nearly every batch holds one at max_len (ml-1m-half: 1.9 × the real tokens; sorted 1.14 ×).
+        # Ranks and users come back in user order (`in_user_order`); a full-ranking rank does not depend on
+        # its batch. (The sampled extra does — its draws follow the batch order — so it keeps user order.)
         user_of = np.searchsorted(data.offsets, targets, side="right")
-        order = np.argsort(np.minimum(targets - data.offsets[user_of - 1], max_len), kind="stable")
+        order = np.argsort(np.minimum(targets - data.offsets[user_of - 1], max_len), kind="stable") \
+            if by_length else np.arange(len(targets))
         self._restore = np.argsort(order)  # batch order → user order
         self._restore_on_device = torch.from_numpy(self._restore).to(self.device)
         self.batches: list[EvalBatch] = []
@@ -140,7 +143,7 @@ def rank_targets(
     `batch_size` 0: `scoring_batch_size`'s automatic size."""
     batch_size = scoring_batch_size(batch_size, model, device)
     inputs = RankingInputs(data, split, model_max_len(model), batch_size=batch_size, device=device,
-                           item_map=item_map, user_map=user_map)
+                           item_map=item_map, user_map=user_map, by_length=not sampled_negatives)
     if not sampled_negatives:
         return inputs.users, inputs.ranks(model).cpu(), None
     was_training = model.training

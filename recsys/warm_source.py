@@ -27,6 +27,7 @@ it was).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recsys.checkpoint import CheckpointError
-from recsys.config import ConfigError, Params, PrepareConfig, validate_name
+from recsys.config import Params, PrepareConfig, validate_name
 from recsys.layout import Layout
 from recsys.model_configs import TRAINABLE
 from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
@@ -103,8 +104,10 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
         pick = next((v for v in later if v.architecture == model and _split_otherwise(v, prepare) is None),
                     None)
     ours = champion.architecture == model
+    otherwise = _split_otherwise(champion, prepare) if ours else None
     when = f"the champion v{champion.version} was trained on the current data" + (
-        "; new data makes it the warm source" if ours else f" (a {champion.architecture} model)")
+        f" (a {champion.architecture} model)" if not ours else
+        f" prepared otherwise ({otherwise})" if otherwise else "; new data makes it the warm source")
     if pick is not None:
         return Choice(pick, None, f"{model}: v{pick.version}" if pick.version == champion.version else
                       f"{model}: v{pick.version} kept ({when})")
@@ -134,11 +137,13 @@ def _split_otherwise(version: VersionInfo, prepare: PrepareConfig | None) -> str
     recorded = (version.params or {}).get("prepare")
     if prepare is None or not isinstance(recorded, dict):
         return None
+    ours = prepare.split_settings()
     try:
         theirs = PrepareConfig(**recorded).split_settings()
-    except (TypeError, ConfigError):  # recorded by another recsys version: compared as it stands
-        theirs = recorded
-    ours = prepare.split_settings()
+    except (TypeError, ValueError):  # recorded by another recsys version: today's keys, as a split reads them
+        theirs = {k: v for k, v in recorded.items() if k in dataclasses.asdict(prepare)}
+        if theirs.get("split") == "loo":
+            theirs = {k: v for k, v in theirs.items() if k in ours or k == "split"}
     changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
         k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
     return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None

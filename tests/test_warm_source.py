@@ -377,3 +377,22 @@ def test_a_stray_file_in_a_warm_source_is_cleared_by_the_next_resolve(tmp_path):
     (warm_dir / ".source.json.swp").write_text("x")
     resolve(root)
     assert sorted(p.name for p in warm_dir.iterdir()) == [CHECKPOINT, SOURCE_FILE]
+
+
+def test_settings_recorded_by_another_recsys_version_are_compared_without_a_traceback(tmp_path):
+    """A record today's checks refuse, or with a key this version lacks, is compared on the keys it shares
+    with today's settings (the quantiles ignored under leave-one-out): the same split is still the source, another
+    is passed over; neither stops the resolution."""
+    root = workspace(tmp_path / "repo", "auto")
+    version = champion(root, prepare={**LOO, "min_user_interactions": 0, "new_setting": 1})
+    assert resolve(root)[1] == (f"sasrec: none (v{version} was trained on data prepared otherwise: "
+                                "prepare.min_user_interactions 0, now 5; trains cold)")
+    other = champion(root, seed=1, prepare={**LOO, "new_setting": 1, "valid_quantile": 0.3})
+    assert resolve(root)[1] == f"sasrec: v{other} (updated)"
+
+
+def test_a_champion_on_the_current_data_split_otherwise_is_not_promised_as_the_next_source(tmp_path):
+    root = workspace(tmp_path / "repo", "warm", prepare={"split": "global_time"})
+    version = champion(root, data="d1", prepare=LOO)
+    assert resolve(root)[1] == (f"sasrec: none kept (the champion v{version} was trained on the current data "
+                                "prepared otherwise (prepare.split loo, now global_time))")
