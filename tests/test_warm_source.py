@@ -381,8 +381,8 @@ def test_a_stray_file_in_a_warm_source_is_cleared_by_the_next_resolve(tmp_path):
 
 def test_settings_recorded_by_another_recsys_version_are_compared_without_a_traceback(tmp_path):
     """A record today's checks refuse, or with a key this version lacks, is compared on the keys it shares
-    with today's settings (the quantiles ignored under leave-one-out): the same split is still the source, another
-    is passed over; neither stops the resolution."""
+    with today's settings (the quantiles ignored under leave-one-out): the same split is still the source,
+    another is passed over; neither stops the resolution."""
     root = workspace(tmp_path / "repo", "auto")
     version = champion(root, prepare={**LOO, "min_user_interactions": 0, "new_setting": 1})
     assert resolve(root)[1] == (f"sasrec: none (v{version} was trained on data prepared otherwise: "
