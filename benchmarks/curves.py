@@ -42,6 +42,10 @@ STEP_RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 # rows the claims hold); their (dataset, run, seed) keys would replace rows in models.json, so they live apart
 # and feed only the same-machine table
 SAME_MACHINE_RESULTS = ROOT / "benchmarks" / "results" / "same-machine.json"
+# Both sides of a claim re-trained at one later commit (session 41: the BERT4Rec and SASRec trainers after the
+# masked-positions step, 2a9df9e), on this machine; their keys would replace the models.json rows trained at
+# the claims' older commits, so they live apart and feed only the same-code table
+SAME_CODE_RESULTS = ROOT / "benchmarks" / "results" / "same-code.json"
 MD = ROOT / "benchmarks" / "RESULTS.md"
 REF = "sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0"
 # The SASRec defaults of sessions 4–5 (whole-history windows, length-bucketed batches, no epoch floor).
@@ -465,6 +469,20 @@ def same_machine_table(rows: list[dict], same: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def same_code_table(same: list[dict]) -> str:
+    """The claims with a time aim whose two sides both have rows in `same` (results/same-code.json), compared
+    on those rows alone, each line naming the commit(s) they trained at."""
+    lines = [AIMS_HEADER]
+    for dataset in sorted({r["dataset"] for r in same}):
+        rows = by_run(same, dataset)
+        for model, base, aim, time_aim in CLAIMS:
+            line = compare(dataset, model, base, aim, time_aim, rows) if time_aim else None
+            if line:
+                commits = sorted({r.get("commit", "?") for r in rows[model] + rows[base]})
+                lines.append(line.replace(f" vs {base} |", f" vs {base} (at {', '.join(commits)}) |", 1))
+    return "\n".join(lines)
+
+
 def gpu_tables(gpu_rows: list[dict], step_rows: list[dict]) -> str:
     """The GPU section's generated part: the three targets with their verdicts, then every GPU row."""
     lines = ["| target | measured | verdict |", "|---|---|---|"]
@@ -623,6 +641,8 @@ def main() -> int:
     if SAME_MACHINE_RESULTS.is_file():
         same = json.loads(SAME_MACHINE_RESULTS.read_text())
         text = replace_between(text, "same-machine", same_machine_table(all_rows, same))
+    if SAME_CODE_RESULTS.is_file():
+        text = replace_between(text, "same-code", same_code_table(json.loads(SAME_CODE_RESULTS.read_text())))
     if gpu_rows:
         steps = json.loads(STEP_RESULTS.read_text()) if STEP_RESULTS.is_file() else []
         text = replace_between(text, "gpu", gpu_tables(gpu_rows, steps))

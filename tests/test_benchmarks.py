@@ -126,6 +126,19 @@ def test_the_same_machine_table_puts_a_claims_two_sides_on_one_machine():
     assert "| 500 ± 0 / 250 ± 0 CPU s | 2.0 × |" in lines[0]  # 5.0 × in the aims table, across machines
 
 
+def test_the_same_code_table_compares_a_claims_sides_retrained_at_one_commit():
+    """results/same-code.json holds both sides of a claim re-trained at one commit: a claim shows once both
+    sides have a shared seed there, compared on those rows alone, naming the commit."""
+    base, bert = curves.SASREC_DEFAULT_RUN, curves.BERT4REC_P80
+    same = [{**_row(bert, 42, 0.18, 900.0, 600.0), "dataset": "ml-1m-half", "commit": "2a9df9e"}]
+    assert curves.same_code_table(same).splitlines()[2:] == []  # one side only
+    same.append({**_row(base, 42, 0.19, 300.0, 250.0), "dataset": "ml-1m-half", "commit": "2a9df9e"})
+    lines = curves.same_code_table(same).splitlines()[2:]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"| ml-1m-half | {bert} vs {base} (at 2a9df9e) | 1 | 0.1800 / 0.1900 |")
+    assert "| 600 / 250 CPU s | 2.4 × | ≥ 0.90 × NDCG, ≤ 3 × time | met |" in lines[0]
+
+
 def _gpu_row(run: str, seed: int, ndcg: float, wall: float, cpu: float, batch: int, minutes: float) -> dict:
     return {**_row(run, seed, ndcg, wall, cpu), "dataset": "ml-1m-half",
             "model": run.split("@")[0].split(":")[0],
