@@ -119,7 +119,7 @@ class PrepareConfig:
 
     def split_settings(self) -> dict[str, Any]:
         """The settings that decide which events a split puts in training (the quantiles only under
-        global_time): two runs with the same trained on the same events of the same data."""
+        global_time): runs with equal ones train on the same events of the same data."""
         settings = dataclasses.asdict(self)
         if self.split == "loo":
             del settings["valid_quantile"], settings["test_quantile"]

@@ -118,7 +118,7 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
                             f"otherwise ({split_otherwise}): it may have learnt today's validation and test "
                             "events",
                       f"{model}: none (v{arrived.version} was trained on data prepared otherwise: "
-                      f"{split_otherwise}; trains cold)")
+                      f"{split_otherwise})")
     reason = f"the champion is a {arrived.architecture} model, not {model}"
     if arrived.version == champion.version:
         return Choice(None, reason, f"{model}: none (the champion v{champion.version} is a "

@@ -140,7 +140,7 @@ def test_a_champion_trained_on_data_split_otherwise_is_never_the_source(tmp_path
     root = workspace(tmp_path / "repo", "auto", prepare={"split": "global_time"})
     first = champion(root, prepare=LOO)
     assert resolve(root)[1] == (f"sasrec: none (v{first} was trained on data prepared otherwise: "
-                                "prepare.split loo, now global_time; trains cold)")
+                                "prepare.split loo, now global_time)")
     got = source(root, "sasrec")
     assert got.version is None and got.reason == (
         "the champion as the current data arrived was trained on data prepared otherwise (prepare.split loo, "
@@ -163,7 +163,7 @@ def test_the_split_settings_compared_are_those_that_move_events(tmp_path):
     assert resolve(root)[1] == f"sasrec: v{version} (updated)"
     workspace(root, "auto", prepare={"min_item_interactions": 10})
     assert resolve(root)[1] == (f"sasrec: none (v{version} was trained on data prepared otherwise: "
-                                "prepare.min_item_interactions 5, now 10; trains cold)")
+                                "prepare.min_item_interactions 5, now 10)")
 
 
 def test_no_source_yet_is_kept_under_auto_but_not_under_warm(tmp_path):
@@ -386,7 +386,7 @@ def test_settings_recorded_by_another_recsys_version_are_compared_without_a_trac
     root = workspace(tmp_path / "repo", "auto")
     version = champion(root, prepare={**LOO, "min_user_interactions": 0, "new_setting": 1})
     assert resolve(root)[1] == (f"sasrec: none (v{version} was trained on data prepared otherwise: "
-                                "prepare.min_user_interactions 0, now 5; trains cold)")
+                                "prepare.min_user_interactions 0, now 5)")
     other = champion(root, seed=1, prepare={**LOO, "new_setting": 1, "valid_quantile": 0.3})
     assert resolve(root)[1] == f"sasrec: v{other} (updated)"
 
