@@ -213,12 +213,17 @@ def test_scoring_shortcut_equals_the_full_encoder(name, residual):
     torch.testing.assert_close(last[:, 0], full[:, -1])
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                    reason="needs CUDA (run in a GPU session)"))
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("head_norm", [False, True])
-def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions(head_norm):
+def test_bert4rec_loss_is_cross_entropy_at_the_masked_positions(head_norm, device):
     """The loss runs the final block for the masked positions only (rows masking different counts, padding
     included); its value and every parameter's gradient are those of the whole encoder read there."""
-    model = make_model("bert4rec", head_norm=head_norm).eval()
-    batch = train_batch(*sequences(B=4, seed=8))
+    model = make_model("bert4rec", head_norm=head_norm).eval().to(device)
+    batch = train_batch(*sequences(B=4, seed=8)).to(device)
     shapes = []
     model.blocks[-1].register_forward_hook(lambda module, args, out: shapes.append(out.shape))
     torch.manual_seed(3)
