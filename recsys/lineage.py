@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recsys.config import ConfigError, Params
+from recsys.config import ConfigError, Params, PrepareConfig
 
 # DVC bookkeeping changes with every `dvc repro`/`dvc add`; it says nothing about the code.
 _NOT_CODE = (":(exclude)dvc.lock", ":(exclude)*.dvc")
@@ -96,6 +96,25 @@ def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) ->
         # recorded): a warm start from it must see the same split (recsys/warm_source.py).
         "prepare": checkpoint_meta.get("prepare"),
     }
+
+
+def split_otherwise(recorded: Any, prepare: PrepareConfig | None) -> str | None:
+    """How the split settings a version recorded (its params' "prepare", `model_params`) differ from
+    `prepare`'s ("prepare.split loo, now global_time"), or None when they match or either is unknown. A
+    version trained under other ones may have learnt events today's split validates and tests on: it is
+    never a warm source (recsys/warm_source.py) nor the gate's yardstick (recsys/promotion.py)."""
+    if prepare is None or not isinstance(recorded, dict):
+        return None
+    ours = prepare.split_settings()
+    try:
+        theirs = PrepareConfig(**recorded).split_settings()
+    except (TypeError, ValueError):  # recorded by another recsys version: today's keys, as a split reads them
+        theirs = {k: v for k, v in recorded.items() if k in dataclasses.asdict(prepare)}
+        if theirs.get("split") == "loo":
+            theirs = {k: v for k, v in theirs.items() if k in ours or k == "split"}
+    changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
+        k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
+    return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None
 
 
 def describe_init(init: dict[str, Any] | None) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
-from recsys.lineage import Lineage, capture, trained_data_version
+from recsys.lineage import Lineage, capture, split_otherwise, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn
@@ -175,7 +175,18 @@ def _promote_locked(
             candidate_dir, candidate, **lineage.as_kwargs(),
             baseline_result=baseline_result, baseline_kind=baseline,
             rescore=rescore or rescore_on(params, prepared_dir(root)),
+            incomparable=lambda champion: _split_otherwise(champion, params),
         )
+
+
+def _split_otherwise(champion: Any, params: Params) -> str | None:
+    """Why the champion's score on today's test split cannot be trusted, or None: trained under other split
+    settings, it may have learnt today's test events, and its re-scored figure would be inflated."""
+    changed = split_otherwise((champion.params or {}).get("prepare"), params.prepare)
+    if changed is None:
+        return None
+    return (f"was trained on data prepared otherwise ({changed}), so today's test events may be among those "
+            "it learnt")
 
 
 def _baseline_installed(

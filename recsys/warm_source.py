@@ -27,7 +27,6 @@ it was).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Sequence
 from recsys.checkpoint import CheckpointError
 from recsys.config import Params, PrepareConfig, validate_name
 from recsys.layout import Layout
+from recsys.lineage import split_otherwise
 from recsys.model_configs import TRAINABLE
 from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
@@ -132,21 +132,7 @@ def _trained_on(version: VersionInfo, data: str | None) -> bool:
 
 
 def _split_otherwise(version: VersionInfo, prepare: PrepareConfig | None) -> str | None:
-    """How the split settings `version` was trained under differ from `prepare`'s ("prepare.split loo, now
-    global_time"), or None when they match or either is unknown."""
-    recorded = (version.params or {}).get("prepare")
-    if prepare is None or not isinstance(recorded, dict):
-        return None
-    ours = prepare.split_settings()
-    try:
-        theirs = PrepareConfig(**recorded).split_settings()
-    except (TypeError, ValueError):  # recorded by another recsys version: today's keys, as a split reads them
-        theirs = {k: v for k, v in recorded.items() if k in dataclasses.asdict(prepare)}
-        if theirs.get("split") == "loo":
-            theirs = {k: v for k, v in theirs.items() if k in ours or k == "split"}
-    changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
-        k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
-    return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None
+    return split_otherwise((version.params or {}).get("prepare"), prepare)
 
 
 class WarmSourceUnavailable(Exception):

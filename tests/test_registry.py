@@ -186,6 +186,53 @@ def test_rescore_on_a_different_evaluation_set_is_an_error(registry, tmp_path):
     assert len(registry.history()) == 1
 
 
+LOO = {"min_user_interactions": 5, "min_item_interactions": 5, "split": "loo", "valid_quantile": 0.8,
+       "test_quantile": 0.9}
+GLOBAL_TIME = {**LOO, "split": "global_time"}
+
+
+def _split_otherwise(version):  # what recsys.promotion passes: why a champion cannot be the yardstick
+    return "was trained under leave-one-out" if (version.params or {}).get("prepare") == LOO else None
+
+
+def test_a_champion_trained_under_other_split_settings_is_not_the_gates_yardstick(registry, tmp_path):
+    """Its figure on today's test split may count events it learnt: it is neither re-scored nor compared,
+    the candidate is gated against the baseline, and the decision says why; with no baseline it is refused."""
+    loo, today = {"model": "sasrec", "prepare": LOO}, {"model": "sasrec", "prepare": GLOBAL_TIME}
+    assert _promote(registry, tmp_path, "old", make_eval(0.3, FP_B, seed=1), params=loo,  # yesterday's split
+                    baseline_result=make_eval(-0.15, FP_B)).promoted
+    rescore = CountingEvaluate(make_eval(0.3, seed=1))  # what re-scoring it would give: far above the new one
+    refused = _promote(registry, tmp_path, "new", make_eval(0.0, seed=2), params=today, baseline_result=None,
+                       rescore=rescore, incomparable=_split_otherwise)
+    assert not refused.promoted and refused.reason.startswith(
+        "the champion v1 was trained under leave-one-out and no baseline result to compare against")
+    assert registry.champion_version() == 1
+    out = _promote(registry, tmp_path, "newer", make_eval(0.0, seed=3), params=today, rescore=rescore,
+                   incomparable=_split_otherwise)
+    assert out.promoted and out.baseline_kind == "mostpop" and out.baseline_version is None
+    assert out.reason.endswith("(gated against mostpop, not the champion v1, which was trained under "
+                               "leave-one-out)")
+    assert rescore.calls == [] and registry.champion_version() == 3
+    # Trained under today's settings, the new champion is the yardstick again: a weaker candidate is refused.
+    worse = _promote(registry, tmp_path, "worse", make_eval(-0.1, seed=4), params=today,
+                     incomparable=_split_otherwise)
+    assert not worse.promoted and worse.baseline_kind == "champion" and worse.baseline_version == 3
+
+
+def test_promotion_names_the_split_settings_a_champion_was_trained_under():
+    from types import SimpleNamespace
+
+    from recsys.config import parse_params
+    from recsys.promotion import _split_otherwise as promotion_check
+
+    params = parse_params({"prepare": {"split": "global_time"}})
+    assert promotion_check(SimpleNamespace(params={"prepare": LOO}), params) == (
+        "was trained on data prepared otherwise (prepare.split loo, now global_time), so today's test events "
+        "may be among those it learnt")
+    assert promotion_check(SimpleNamespace(params={"prepare": GLOBAL_TIME}), params) is None
+    assert promotion_check(SimpleNamespace(params={}), params) is None  # recorded nothing: compared as before
+
+
 def test_candidate_that_is_already_champion(registry, tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpts", "champ")
     assert registry.promote(ckpt, make_eval(0.1), baseline_result=MOSTPOP, baseline_kind="mostpop").promoted

@@ -29,7 +29,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -58,6 +58,7 @@ from recsys.registry.records import (
     EventInfo,
     PromotionDecision,
     RegistryError,
+    VersionInfo,
     clean_metrics,
     decision_from_event,
     finite_or_none,
@@ -277,10 +278,14 @@ class Registry(RegistryReads):
         baseline_result: Any = None,
         baseline_kind: str = "reference",
         rescore: RescoreFn | None = None,
+        incomparable: Callable[[VersionInfo], str | None] | None = None,
     ) -> PromotionDecision:
         """Register the candidate and gate it against the champion — re-scored on the candidate's
         evaluation set by `rescore(champion_dir)` when it was never scored there — or, with no champion,
-        against `baseline_result` (an unregistered reference, labelled `baseline_kind`)."""
+        against `baseline_result` (an unregistered reference, labelled `baseline_kind`).
+        `incomparable(champion)` says why a champion's score on the candidate's evaluation set cannot be
+        trusted (None: it can); such a champion is not re-scored, and the candidate is gated against
+        `baseline_result` instead."""
         validate_name(baseline_kind, "baseline kind")
         number, stored = self.register(
             candidate_dir, eval_result, params=params, dataset_version=dataset_version,
@@ -306,7 +311,9 @@ class Registry(RegistryReads):
         for _attempt in range(_MAX_ATTEMPTS):
             champion = self._champion()
             baseline: Scores | None = None
-            if champion is not None and champion.artifact_sha256 != stored.sha256:
+            other = champion is not None and champion.artifact_sha256 != stored.sha256
+            why_not = incomparable(self.get_version(champion.version)) if other and incomparable else None
+            if other and why_not is None:
                 baseline = (
                     champion_scores(self.engine, self.store, champion, fingerprint, rescore, metric)
                     if fingerprint
@@ -314,7 +321,7 @@ class Registry(RegistryReads):
                 )
             try:
                 return self._decide_locked(stored.sha256, fingerprint, candidate, champion, baseline,
-                                           reference, baseline_kind)
+                                           reference, baseline_kind, why_not)
             except _ChampionChanged:
                 log.info("champion changed while scoring it; deciding again")
         raise RegistryError(f"the champion kept changing; gave up after {_MAX_ATTEMPTS} attempts")
@@ -328,6 +335,7 @@ class Registry(RegistryReads):
         baseline: Scores | None,
         reference: Scores | None,
         reference_kind: str,
+        incomparable: str | None = None,
     ) -> PromotionDecision:
         gate = self.gate
         with locked_session(self.engine, self.model_name) as (session, model):
@@ -350,14 +358,16 @@ class Registry(RegistryReads):
                     False, f"v{version.version} is already the champion", candidate.metric_value
                 )
                 baseline_kind, baseline_version_id = "champion", current.version_id
-            elif current is not None:
+            elif current is not None and incomparable is None:
                 label = f"{'baseline ' if current.role == BASELINE_ROLE else ''}champion v{current.version}"
                 outcome = decide(candidate, baseline, gate, baseline_label=label)
                 baseline_kind, baseline_version_id = "champion", current.version_id
             elif reference is None:
+                no_champion = ("no champion yet" if current is None else
+                               f"the champion v{current.version} {incomparable}")
                 outcome = GateDecision(
                     False,
-                    "no champion yet and no baseline result to compare against: the first champion must "
+                    f"{no_champion} and no baseline result to compare against: the first champion must "
                     f"beat the baseline on the same evaluation set (evaluate it first: `dvc repro "
                     f"evaluate@{reference_kind}`)",
                     candidate.metric_value,
@@ -365,6 +375,10 @@ class Registry(RegistryReads):
                 baseline_kind, baseline_version_id = None, None
             else:
                 outcome = decide(candidate, reference, gate, baseline_label=reference_kind)
+                if current is not None:  # the champion is there but cannot be compared: say why, once
+                    outcome = dataclasses.replace(outcome, reason=(
+                        f"{outcome.reason} (gated against {reference_kind}, not the champion "
+                        f"v{current.version}, which {incomparable})"))
                 baseline_kind, baseline_version_id = reference_kind, None
 
             decision = "promoted" if outcome.promote else "rejected"
@@ -393,7 +407,9 @@ class Registry(RegistryReads):
             session.add(event)
             log.info("gate model=%s version=%d decision=%s reason=%s", self.model_name, version.version,
                      decision, outcome.reason)
-            return decision_from_event(event, version, current.version if current is not None else None)
+            # The version compared against (as a replay reads it back): None when it was the reference.
+            compared = current.version if current is not None and baseline_version_id is not None else None
+            return decision_from_event(event, version, compared)
 
     # -- rollback --
 
