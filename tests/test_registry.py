@@ -202,21 +202,31 @@ def test_a_champion_trained_under_other_split_settings_is_not_the_gates_yardstic
     assert _promote(registry, tmp_path, "old", make_eval(0.3, FP_B, seed=1), params=loo,  # yesterday's split
                     baseline_result=make_eval(-0.15, FP_B)).promoted
     rescore = CountingEvaluate(make_eval(0.3, seed=1))  # what re-scoring it would give: far above the new one
-    refused = _promote(registry, tmp_path, "new", make_eval(0.0, seed=2), params=today, baseline_result=None,
-                       rescore=rescore, incomparable=_split_otherwise)
-    assert not refused.promoted and refused.reason.startswith(
-        "the champion v1 was trained under leave-one-out and no baseline result to compare against")
+    kw = {"params": today, "rescore": rescore, "incomparable": _split_otherwise, "baseline_kind": "mostpop"}
+    new, weak = (make_checkpoint(tmp_path / "ckpts", name) for name in ("new", "weak"))
+    refused = registry.promote(new, make_eval(0.0, seed=2), baseline_result=None, **kw)
+    assert not refused.promoted and refused.reason == (
+        "not gated against the champion v1, which was trained under leave-one-out; and there is no mostpop "
+        "result on this evaluation set to gate against instead (evaluate it first: "
+        "`dvc repro evaluate@mostpop`)")
     assert registry.champion_version() == 1
+    again = registry.promote(new, make_eval(0.0, seed=2), baseline_result=None, **kw)
+    assert again.replayed and again.reason == refused.reason  # decided once while that champion serves
+    rejected = registry.promote(weak, make_eval(-0.3, seed=5), baseline_result=MOSTPOP, **kw)
+    assert not rejected.promoted and rejected.baseline_kind == "mostpop"
+    assert "worse than mostpop" in rejected.reason
+    assert registry.promote(weak, make_eval(-0.3, seed=5), baseline_result=MOSTPOP, **kw).replayed
+    assert len(registry.history()) == 3  # the first promotion, one refusal, one rejection: no repeats
     out = _promote(registry, tmp_path, "newer", make_eval(0.0, seed=3), params=today, rescore=rescore,
                    incomparable=_split_otherwise)
     assert out.promoted and out.baseline_kind == "mostpop" and out.baseline_version is None
     assert out.reason.endswith("(gated against mostpop, not the champion v1, which was trained under "
                                "leave-one-out)")
-    assert rescore.calls == [] and registry.champion_version() == 3
+    assert rescore.calls == [] and registry.champion_version() == 4
     # Trained under today's settings, the new champion is the yardstick again: a weaker candidate is refused.
     worse = _promote(registry, tmp_path, "worse", make_eval(-0.1, seed=4), params=today,
                      incomparable=_split_otherwise)
-    assert not worse.promoted and worse.baseline_kind == "champion" and worse.baseline_version == 3
+    assert not worse.promoted and worse.baseline_kind == "champion" and worse.baseline_version == 4
 
 
 def test_promotion_names_the_split_settings_a_champion_was_trained_under():

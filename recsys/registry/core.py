@@ -295,7 +295,11 @@ class Registry(RegistryReads):
         fingerprint = getattr(eval_result, "eval_fingerprint", None) or None
         replay = self._recorded_decision(stored.sha256, fingerprint)
         champion_now = self.champion_version() if replay is not None else None
-        if replay is not None and not _outdated(replay, champion_now):
+        # What a rejection was measured against while this champion serves: none when it cannot be compared.
+        yardstick = champion_now
+        if champion_now is not None and incomparable is not None:
+            yardstick = None if incomparable(self.get_version(champion_now)) else champion_now
+        if replay is not None and not _outdated(replay, yardstick):
             if replay.promoted and champion_now != replay.version:
                 # Promoted once, champion no longer (a rollback, or a later promotion): the replay moves
                 # nothing, so it must not say the candidate serves.
@@ -346,10 +350,12 @@ class Registry(RegistryReads):
             ).one()
             recorded = self._find_decision(session, version, fingerprint)
             current = self._champion_in(session)
-            if recorded is not None and not _outdated(recorded, current.version if current else None):
-                return recorded
             if (current.version_id if current else None) != (champion.version_id if champion else None):
                 raise _ChampionChanged  # rolls the transaction back; nothing was written
+            # (`incomparable` was worked out for `champion`, which is `current`)
+            yardstick = current.version if current is not None and incomparable is None else None
+            if recorded is not None and not _outdated(recorded, yardstick):
+                return recorded
 
             baseline_kind: str | None
             baseline_version_id: int | None
@@ -363,15 +369,14 @@ class Registry(RegistryReads):
                 outcome = decide(candidate, baseline, gate, baseline_label=label)
                 baseline_kind, baseline_version_id = "champion", current.version_id
             elif reference is None:
-                no_champion = ("no champion yet" if current is None else
-                               f"the champion v{current.version} {incomparable}")
-                outcome = GateDecision(
-                    False,
-                    f"{no_champion} and no baseline result to compare against: the first champion must "
-                    f"beat the baseline on the same evaluation set (evaluate it first: `dvc repro "
-                    f"evaluate@{reference_kind}`)",
-                    candidate.metric_value,
+                why = (
+                    "no champion yet and no baseline result to compare against: the first champion must beat "
+                    "the baseline on the same evaluation set" if current is None else
+                    f"not gated against the champion v{current.version}, which {incomparable}; and there is "
+                    f"no {reference_kind} result on this evaluation set to gate against instead"
                 )
+                first = f"evaluate it first: `dvc repro evaluate@{reference_kind}`"
+                outcome = GateDecision(False, f"{why} ({first})", candidate.metric_value)
                 baseline_kind, baseline_version_id = None, None
             else:
                 outcome = decide(candidate, reference, gate, baseline_label=reference_kind)
