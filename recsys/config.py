@@ -117,14 +117,6 @@ class PrepareConfig:
                 f"above prepare.valid_quantile ({self.valid_quantile}): the validation period ends where the "
                 "test period starts", "prepare")
 
-    def split_settings(self) -> dict[str, Any]:
-        """The settings that decide which events a split puts in training (the quantiles only under
-        global_time): runs with equal ones train on the same events of the same data."""
-        settings = dataclasses.asdict(self)
-        if self.split == "loo":
-            del settings["valid_quantile"], settings["test_quantile"]
-        return settings
-
 
 @dataclass(frozen=True)
 class EvaluateConfig:

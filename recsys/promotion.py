@@ -182,7 +182,7 @@ def _promote_locked(
 def _split_otherwise(champion: Any, params: Params) -> str | None:
     """Why the champion's score on today's test split cannot be trusted, or None: trained under other split
     settings, it may have learnt today's test events, and its re-scored figure would be inflated."""
-    changed = split_otherwise((champion.params or {}).get("prepare"), params.prepare)
+    changed = split_otherwise(champion, params.prepare)
     if changed is None:
         return None
     return (f"was trained on data prepared otherwise ({changed}), so today's test events may be among those "

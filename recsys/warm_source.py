@@ -98,13 +98,13 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
     arrived = champions[earlier[-1]] if earlier else None  # the champion as the current data arrived
     later = champions[earlier[-1] + 1:] if earlier else champions  # each trained on the current data
     family = arrived is not None and arrived.architecture == model
-    split_otherwise = _split_otherwise(arrived, prepare) if family else None
-    pick = arrived if family and split_otherwise is None else None
+    differs = split_otherwise(arrived, prepare) if family else None
+    pick = arrived if family and differs is None else None
     if pick is None and mode == "warm":
-        pick = next((v for v in later if v.architecture == model and _split_otherwise(v, prepare) is None),
+        pick = next((v for v in later if v.architecture == model and split_otherwise(v, prepare) is None),
                     None)
     ours = champion.architecture == model
-    otherwise = _split_otherwise(champion, prepare) if ours else None
+    otherwise = split_otherwise(champion, prepare) if ours else None
     when = f"the champion v{champion.version} was trained on the current data" + (
         f" (a {champion.architecture} model)" if not ours else
         f" prepared otherwise ({otherwise})" if otherwise else "; new data makes it the warm source")
@@ -113,12 +113,10 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
                       f"{model}: v{pick.version} kept ({when})")
     if arrived is None:
         return Choice(None, NO_EARLIER_CHAMPION, f"{model}: none kept ({when})")
-    if split_otherwise is not None:
+    if differs is not None:
         return Choice(None, "the champion as the current data arrived was trained on data prepared "
-                            f"otherwise ({split_otherwise}): it may have learnt today's validation and test "
-                            "events",
-                      f"{model}: none (v{arrived.version} was trained on data prepared otherwise: "
-                      f"{split_otherwise})")
+                            f"otherwise ({differs}): it may have learnt today's validation and test events",
+                      f"{model}: none (v{arrived.version} was trained on data prepared otherwise: {differs})")
     reason = f"the champion is a {arrived.architecture} model, not {model}"
     if arrived.version == champion.version:
         return Choice(None, reason, f"{model}: none (the champion v{champion.version} is a "
@@ -129,10 +127,6 @@ def choose(champions: Sequence[VersionInfo], model: str, mode: str, current_data
 
 def _trained_on(version: VersionInfo, data: str | None) -> bool:
     return data is not None and version.dataset_version == data
-
-
-def _split_otherwise(version: VersionInfo, prepare: PrepareConfig | None) -> str | None:
-    return split_otherwise((version.params or {}).get("prepare"), prepare)
 
 
 class WarmSourceUnavailable(Exception):
