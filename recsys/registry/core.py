@@ -16,10 +16,10 @@ gate side by side in this one file, under one locking rule):
 
 The registry knows rows, aliases, the audit trail and artifacts — not pipeline paths, git, or which model
 is the baseline: the caller says how to re-score a champion (`rescore`) and which version is a baseline
-(`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. The locked writes stay
-together here; what is not a locked write lives beside it: reads in reads.py, a version's scores on an
-evaluation set (and re-scoring the champion, done before the lock) in evaluations.py, rollback in rollback.py,
-the alias move in db.py.
+(`install_baseline`); `recsys.promotion` is that caller for the CLI and the flow alike. Registration and the
+gate's locked writes stay together here; beside them: reads in reads.py, a version's scores on an evaluation
+set (and re-scoring the champion, done before the lock) in evaluations.py, the other locked writes — rollback
+in rollback.py, making the baseline champion in baseline.py — and the alias move in db.py.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from recsys.config import REGISTRY_URL_ENV, ConfigError, GateConfig, RegistryConfig, validate_name
 from recsys.gate import GateDecision, Scores, decide, load_statistics
+from recsys.registry.baseline import make_baseline_champion
 from recsys.registry.db import (
     ModelVersion,
     PromotionEvent,
@@ -72,17 +72,6 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 20
 # Column widths of model_versions (see db.py): checked before anything is copied or written.
 _LIMITS = {"dataset_version": 128, "code_version": 64, "eval_fingerprint": 64}
-
-
-def _a_model_passed(session: Session, model_id: int) -> bool:
-    """Whether a model (not a baseline) was ever promoted through the gate."""
-    return session.scalar(
-        select(PromotionEvent.id)
-        .join(ModelVersion, ModelVersion.id == PromotionEvent.candidate_version_id)
-        .where(PromotionEvent.model_id == model_id, PromotionEvent.decision == "promoted",
-               or_(ModelVersion.role.is_(None), ModelVersion.role != BASELINE_ROLE))
-        .limit(1)
-    ) is not None
 
 
 def _outdated(recorded: PromotionDecision, champion: int | None) -> bool:
@@ -228,42 +217,7 @@ class Registry(RegistryReads):
         version, or None when a gated model is champion (then nothing but the registration happens).
         Recorded as a `promoted` event without a gate comparison; repeating it changes nothing."""
         number, stored = self.register(checkpoint_dir, eval_result, role=BASELINE_ROLE, **lineage)
-        with locked_session(self.engine, self.model_name) as (session, model):
-            version = session.scalars(
-                select(ModelVersion).where(
-                    ModelVersion.model_id == model.id, ModelVersion.artifact_sha256 == stored.sha256
-                )
-            ).one()
-            current = self._champion_in(session)
-            if current is not None and current.version_id == version.id:
-                return number
-            if current is not None and current.role != BASELINE_ROLE:
-                return None
-            move_champion(session, model.id, version.id)
-            version.status = "promoted"
-            reason = (
-                f"baseline champion: v{number} ({version.architecture}) serves until a model passes the gate"
-                if current is None
-                else f"baseline champion refreshed: v{number} ({version.architecture}) replaces baseline "
-                f"v{current.version}; " + ("the champion had been rolled back to the baseline"
-                                           if _a_model_passed(session, model.id)
-                                           else "no model has passed the gate yet")
-            )
-            session.add(
-                PromotionEvent(
-                    model_id=model.id,
-                    candidate_version_id=version.id,
-                    baseline_version_id=current.version_id if current else None,
-                    baseline_kind="champion" if current else None,
-                    metric=self.gate.metric,
-                    candidate_metric=finite_or_none((version.metrics or {}).get(self.gate.metric)),
-                    eval_fingerprint=version.eval_fingerprint,
-                    decision="promoted",
-                    reason=reason,
-                )
-            )
-            log.info("baseline champion model=%s version=%d", self.model_name, number)
-            return number
+        return make_baseline_champion(self, number, stored.sha256, self.gate.metric)
 
     # -- promotion --
 
