@@ -27,6 +27,7 @@ from recsys.model_configs import (
     TrainConfig,
     check_seed,
     check_sizes,
+    cuda_graph_refusal,
     require,
     retired_value,
 )
@@ -363,6 +364,9 @@ def parse_params(raw: dict[str, Any]) -> Params:
             model_train[name] = build_dataclass(TrainConfig, merged, f"{name}.train")
     if raw:
         raise ConfigError(f"unknown section(s) {sorted(raw, key=str)} in params.yaml")
+    for name in models:  # before any stage runs, not when the trainer reaches the model
+        if refusal := cuda_graph_refusal(name, model_configs[name], model_train.get(name, sections["train"])):
+            raise ConfigError(refusal)
     ks, metric = sections["evaluate"].ks, sections["gate"].metric
     if metric not in gate_metrics(ks):  # else every candidate is refused for want of the metric
         raise ConfigError(f"gate.metric {metric!r} is not a metric the evaluate stage writes: with "

@@ -168,6 +168,41 @@ MODEL_CONFIGS: dict[str, type] = {
 # False for a model that learns only by counting (MostPop): the trainer takes no gradient step and there are
 # no weights to warm-start from. The model classes read their `trainable` flag from here.
 TRAINABLE: dict[str, bool] = {"mostpop": False, "sasrec": True, "bert4rec": True, "mojito": True}
+# The losses a model computes at one fixed shape (`train.cuda_graph`'s step, recsys/step_graph.py): full
+# cross-entropy; a sampled loss draws negatives per target position. The model classes read theirs here.
+FIXED_SHAPE_LOSSES: dict[str, frozenset[str]] = {
+    "sasrec": frozenset({"ce"}), "bert4rec": frozenset({"ce"}), "mojito": frozenset({"ce"}),
+}
+
+
+def fixed_shape_loss_refusal(name: str, loss: str | None) -> str | None:
+    """Why model `name`'s `loss` cannot take a fixed-shape batch, or None when it can."""
+    losses = FIXED_SHAPE_LOSSES.get(name, frozenset())
+    if loss in losses:
+        return None
+    if losses:
+        return f"{name}'s {loss!r} loss samples negatives per target position; use loss ce"
+    return f"{name}'s loss selects its target positions by value (a data-dependent shape)"
+
+
+def cuda_graph_refusal(name: str, config: Any, train: TrainConfig) -> str | None:
+    """`train.cuda_graph`'s refusal of model `name` under these settings — one line naming what to change —
+    or None (also when the setting is off, or the model takes no step). Parsing params.yaml checks the listed
+    models with it, before any stage runs; the trainer checks every run again (and refuses a data-parallel
+    one, known only there)."""
+    if not train.cuda_graph or not TRAINABLE.get(name, True):
+        return None
+    why = fixed_shape_loss_refusal(name, getattr(config, "loss", None))
+    if why is None and train.micro_batches > 1:
+        why = f"it takes each batch whole, and train.micro_batches is {train.micro_batches}; set it to 0 or 1"
+    return None if why is None else cuda_graph_message(name, why)
+
+
+def cuda_graph_message(name: str, why: str) -> str:
+    return (f"{name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false for {name} "
+            "(params.yaml, the model's train: section)")
+
+
 # The gate's baseline: evaluated with every retraining, and champion — installed, not gated — until a model
 # passes the gate. Only a model that learns by counting may be one (recsys.promotion.check_baseline).
 BASELINE = "mostpop"

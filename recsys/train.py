@@ -33,7 +33,7 @@ from recsys.entry import model_stage_args
 from recsys.faults import fault_point
 from recsys.layout import RESUME, SELECTION_METRIC, VALID_COLUMN, Layout
 from recsys.metrics import per_user_metrics
-from recsys.model_configs import TrainConfig
+from recsys.model_configs import TrainConfig, cuda_graph_message, cuda_graph_refusal
 from recsys.models import build_model
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
@@ -205,7 +205,8 @@ def train_model(
         tensors = TrainingTensors(data, spans, device)  # resident on the device: batches are cut there
     lr = cfg.effective_lr
     optimizer = make_optimizer(model, cfg, device)
-    fixed = fixed_shape_step(model, model_name, cfg, optimizer, tensors, device, world.active)  # or refused
+    fixed = fixed_shape_step(model, model_name, model_config, cfg, optimizer, tensors, device,
+                             world.active)  # or refused
     average = WeightAverage(model, cfg.ema, cfg.ema_warmup) if cfg.ema > 0 else None
     if average is not None:
         scored = average.module
@@ -381,21 +382,19 @@ def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim
                             weight_decay=cfg.weight_decay, fused=cuda, capturable=cfg.cuda_graph and cuda)
 
 
-def fixed_shape_step(model, model_name: str, cfg: TrainConfig, optimizer, tensors: TrainingTensors,
+def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, optimizer, tensors: TrainingTensors,
                      device: torch.device, distributed: bool = False) -> FixedShapeStep | None:
     """`train.cuda_graph`'s step for this run (recsys/step_graph.py), or None when the setting is off. Refused,
     before any training, where it cannot run: a model whose loss has a data-dependent shape, a data-parallel
     run, micro-batches."""
     if not cfg.cuda_graph:
         return None
-    why = model.fixed_shape_refusal()
-    if why is None and distributed:
-        why = "a data-parallel run (torchrun) all-reduces gradients outside a graph"
-    if why is None and cfg.micro_batches > 1:
-        why = f"it takes each batch whole, and train.micro_batches is {cfg.micro_batches}; set it to 0 or 1"
-    if why is not None:
-        raise ConfigError(f"{model_name}: train.cuda_graph cannot be used: {why}; set train.cuda_graph: false "
-                          f"for {model_name} (params.yaml, the model's train: section)")
+    message = cuda_graph_refusal(model_name, model_config, cfg)
+    if message is None and distributed:
+        message = cuda_graph_message(model_name, "a data-parallel run (torchrun) all-reduces gradients outside "
+                                                 "a graph")
+    if message is not None:
+        raise ConfigError(message)
     return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
 
 

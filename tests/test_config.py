@@ -304,6 +304,32 @@ def test_models_list_is_checked(models, message):
         parse_params({"models": models})
 
 
+@pytest.mark.parametrize("raw, message", [
+    ({"models": ["sasrec"], "sasrec": {"loss": "bce", "train": {"cuda_graph": True}}},
+     "sasrec's 'bce' loss samples negatives"),
+    ({"models": ["bert4rec"], "train": {"cuda_graph": True}, "bert4rec": {"loss": "sampled_ce"}},
+     "bert4rec's 'sampled_ce' loss samples negatives"),
+    ({"models": ["mojito"], "mojito": {"train": {"cuda_graph": True, "micro_batches": 4}}},
+     "train.micro_batches is 4; set it to 0 or 1"),
+])
+def test_cuda_graph_where_the_step_cannot_be_fixed_is_refused_at_load(raw, message):
+    """Before any stage runs (it was refused only when the trainer reached the model, minutes in)."""
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        parse_params(raw)
+    name = raw["models"][0]
+    assert str(err.value).startswith(f"{name}: train.cuda_graph cannot be used: ")
+    assert str(err.value).endswith(f"set train.cuda_graph: false for {name} (params.yaml, the model's train: "
+                                   "section)")
+
+
+def test_cuda_graph_is_checked_only_for_the_listed_models_and_with_settings_it_can_take():
+    # an unlisted model's section is not run by the pipeline (a bench run is refused by the trainer)
+    parse_params({"models": ["mostpop", "sasrec"], "mojito": {"loss": "bce", "train": {"cuda_graph": True}}})
+    params = parse_params({"models": ["mostpop", "sasrec", "bert4rec", "mojito"],  # MostPop takes no step
+                           "train": {"cuda_graph": True, "micro_batches": 1}})
+    assert all(params.train_config(name).cuda_graph for name in params.models)
+
+
 def test_model_config_of_unknown_name():
     with pytest.raises(ConfigError, match="nosuchmodel"):
         parse_params({}).model_config("nosuchmodel")

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from recsys.model_configs import fixed_shape_loss_refusal
+
 
 @dataclass
 class Batch:
@@ -58,8 +60,6 @@ class SequentialModel(nn.Module):
     # initialisation, in which a champion may differ; every other field must match.
     id_rows: ClassVar[dict[str, str]] = {}
     warm_free_fields: ClassVar[frozenset[str]] = frozenset()
-    # The `config.loss` values whose `loss` takes a `Batch.fixed_shape` batch (`fixed_shape_refusal`).
-    fixed_shape_losses: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, n_items: int, n_users: int):
         super().__init__()
@@ -79,14 +79,9 @@ class SequentialModel(nn.Module):
 
     def fixed_shape_refusal(self) -> str | None:
         """Why this model's `loss` cannot take a `fixed_shape` batch (`train.cuda_graph`), or None when it
-        can (its `config.loss` is one of `fixed_shape_losses`): its loss then has no data-dependent shape and
-        never waits for the device."""
-        loss = getattr(getattr(self, "config", None), "loss", None)
-        if loss in self.fixed_shape_losses:
-            return None
-        if self.fixed_shape_losses:
-            return f"{self.name}'s {loss!r} loss samples negatives per target position; use loss ce"
-        return f"{self.name}'s loss selects its target positions by value (a data-dependent shape)"
+        can (its `config.loss` is one of its `FIXED_SHAPE_LOSSES`, recsys/model_configs.py): its loss then has
+        no data-dependent shape and never waits for the device."""
+        return fixed_shape_loss_refusal(self.name, getattr(getattr(self, "config", None), "loss", None))
 
     def loss_terms(self, lengths: np.ndarray) -> np.ndarray:
         """How many terms `loss` averages over for training spans of `lengths` events (in expectation where

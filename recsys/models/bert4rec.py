@@ -60,7 +60,6 @@ class BERT4Rec(SequentialModel):
     name = "bert4rec"
     id_rows = {"item_emb.weight": "items", "out_bias": "items"}  # item_emb's last row is [mask]
     warm_free_fields = frozenset({"dropout", "mask_prob", "last_item_share", "n_negatives", "masking"})
-    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: BERT4RecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)

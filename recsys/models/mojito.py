@@ -164,7 +164,6 @@ class Mojito(SequentialModel):
     # time_dim / time_expand change only the time encoder's and the context projection's shapes: a warm
     # start carries those tensors when their shapes match and leaves them fresh otherwise.
     warm_free_fields = frozenset({"dropout", "noise_init", "time_linspace", "time_dim", "time_expand"})
-    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: MojitoConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)

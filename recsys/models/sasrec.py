@@ -62,7 +62,6 @@ class SASRec(SequentialModel):
     name = "sasrec"
     id_rows = {"item_emb.weight": "items"}
     warm_free_fields = frozenset({"dropout", "item_dropout", "n_negatives", "weight_init"})
-    fixed_shape_losses = frozenset({"ce"})
 
     def __init__(self, config: SASRecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
