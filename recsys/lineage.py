@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) ->
         # The prepare settings its training data was split with (None: MostPop, or trained before they were
         # recorded): a warm start from it must see the same split (recsys/warm_source.py).
         "prepare": checkpoint_meta.get("prepare"),
+        "train_until": checkpoint_meta.get("train_until"),  # its newest training event (`late_data_leak`)
     }
 
 
@@ -117,6 +119,21 @@ def split_otherwise(version: Any, prepare: PrepareConfig | None) -> str | None:
     changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
         k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
     return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None
+
+
+def late_data_leak(train_until: Any, held_out_from: float | None) -> str | None:
+    """Why weights trained on events up to `train_until` (a checkpoint's, Unix seconds) may have learnt today's
+    held-out events — today's global_time cut `held_out_from` is at or before it: late-arriving events moved
+    the quantile earlier — or None (no cut today, loo; or a checkpoint that did not record its events' end)."""
+    if held_out_from is None or not isinstance(train_until, (int, float)) or train_until < held_out_from:
+        return None
+    return (f"trained on events up to {_utc(train_until)}, and today's split holds out every event from "
+            f"{_utc(held_out_from)} (events that arrived late moved the prepare.valid_quantile cut earlier): it "
+            "may have learnt today's validation and test events")
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _split_settings(prepare: PrepareConfig) -> dict[str, Any]:

@@ -70,6 +70,13 @@ def stable_time_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values([schema.TIMESTAMP, "seq"], kind="stable")
 
 
+def split_times(timestamp: np.ndarray, config: PrepareConfig) -> tuple[float, float]:
+    """global_time's cuts (Unix seconds): validation from the first, test from the second — the
+    `valid_quantile` and `test_quantile` of every event's time after the k-core filter."""
+    t_valid, t_test = np.quantile(timestamp, [config.valid_quantile, config.test_quantile])
+    return float(t_valid), float(t_test)
+
+
 def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig) -> np.ndarray:
     """Roles for events already sorted by (user, time)."""
     n = len(user)
@@ -83,7 +90,7 @@ def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig)
         roles[(ends - 2)[eligible]] = VALID
         return roles
 
-    t_valid, t_test = np.quantile(timestamp, [config.valid_quantile, config.test_quantile])
+    t_valid, t_test = split_times(timestamp, config)
     roles[timestamp >= t_valid] = HISTORY
     keep = np.ones(n, dtype=bool)
     for s, e in zip(starts, ends):  # per-user scan; global-time splits are an option, not the hot path
@@ -134,6 +141,7 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
     user = frame["user"].to_numpy()
     timestamp = frame[schema.TIMESTAMP].to_numpy(np.int64)
     roles = assign_roles(user, timestamp, config)
+    held_out_from = split_times(timestamp, config)[0] if config.split == "global_time" else None
     events = pd.DataFrame({"user": user, "item": frame["item"].to_numpy(), "timestamp": timestamp, "role": roles})
     events = events[events.role >= 0].reset_index(drop=True)
     counts = events["role"].value_counts()
@@ -147,7 +155,7 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
         lookup = dict(zip(titles["item_id"].astype(str), titles["title"]))
         items["title"] = items["item_id"].map(lookup)
     users = pd.DataFrame({"user": np.arange(1, len(user_ids) + 1, dtype=np.int32), "user_id": user_ids.astype(str)})
-    return Prepared(events, items, users, fingerprint_of(events, items, users, config))
+    return Prepared(events, items, users, fingerprint_of(events, items, users, config, held_out_from))
 
 
 def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
@@ -167,7 +175,8 @@ def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
         f"{config.test_quantile})")
 
 
-def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFrame, config: PrepareConfig) -> dict:
+def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFrame, config: PrepareConfig,
+                   held_out_from: float | None = None) -> dict:
     digest = hashlib.sha256()
     for column in ("user", "item", "timestamp", "role"):
         digest.update(np.ascontiguousarray(events[column].to_numpy()).tobytes())
@@ -175,6 +184,7 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
     digest.update("\x1f".join(users["user_id"]).encode())
     digest.update(json.dumps(dataclasses.asdict(config), sort_keys=True).encode())
     counts = events["role"].value_counts()
+    train_times = events.loc[events["role"] == TRAIN, "timestamp"]
     return {
         "fingerprint": digest.hexdigest(),
         "n_users": int(len(users)),
@@ -185,7 +195,13 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
         "n_test": int(counts.get(TEST, 0)),
         "split": config.split,
         "config": dataclasses.asdict(config),
+        # When training ends and (global_time) the held-out period starts, in Unix seconds: a model trained
+        # on events up to a time at or after today's `held_out_from` may have learnt today's validation and
+        # test events — late-arriving data moves the quantile cut earlier (recsys/warm.py, the gate).
+        "train_until": int(train_times.max()) if len(train_times) else None,
+        "held_out_from": held_out_from,
     }
+
 
 
 def save(prepared: Prepared, out_dir: str | Path) -> None:

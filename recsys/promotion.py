@@ -23,7 +23,7 @@ from typing import Any
 
 from recsys.config import Params, validate_name
 from recsys.layout import Layout
-from recsys.lineage import Lineage, capture, split_otherwise, trained_data_version
+from recsys.lineage import Lineage, capture, late_data_leak, split_otherwise, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn
@@ -158,6 +158,7 @@ def _promote_locked(
             f"run `dvc repro evaluate@{model}` first"
         )
     baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
+    held_out = _held_out_from(prepared_dir(root))
     with open_registry(params.registry, root, params.gate) as registry:
         # Refuse before anything is copied: neither artifact lands in the store if either is invalid.
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
@@ -175,18 +176,28 @@ def _promote_locked(
             candidate_dir, candidate, **lineage.as_kwargs(),
             baseline_result=baseline_result, baseline_kind=baseline,
             rescore=rescore or rescore_on(params, prepared_dir(root)),
-            incomparable=lambda champion: _split_otherwise(champion, params),
+            incomparable=lambda champion: _untrustworthy(champion, params, held_out),
         )
 
 
-def _split_otherwise(champion: Any, params: Params) -> str | None:
+def _untrustworthy(champion: Any, params: Params, held_out_from: float | None) -> str | None:
     """Why the champion's score on today's test split cannot be trusted, or None: trained under other split
-    settings, it may have learnt today's test events, and its re-scored figure would be inflated."""
+    settings, or on events today's global_time split holds out (late-arriving data moved its cut earlier), it
+    may have learnt today's test events, and its re-scored figure would be inflated."""
     changed = split_otherwise(champion, params.prepare)
-    if changed is None:
+    if changed is not None:
+        return (f"was trained on data prepared otherwise ({changed}), so today's test events may be among "
+                "those it learnt")
+    return late_data_leak((champion.params or {}).get("train_until"), held_out_from)
+
+
+def _held_out_from(prepared: Path) -> float | None:
+    """Today's global_time cut from the prepared dataset's fingerprint.json (None: loo, or none written)."""
+    try:
+        value = json.loads((prepared / "fingerprint.json").read_text(encoding="utf-8")).get("held_out_from")
+    except (OSError, ValueError, AttributeError):
         return None
-    return (f"was trained on data prepared otherwise ({changed}), so today's test events may be among those "
-            "it learnt")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _baseline_installed(

@@ -165,7 +165,7 @@ def train_model(
     user_ids = prepared.users["user_id"].tolist()
     # Before the optimiser exists, so a warm start always gets a fresh one.
     init = initialise(model, model_name, model_config, cfg, Path(warm_dir) if warm_dir else None, item_ids,
-                      user_ids)
+                      user_ids, held_out_from=prepared.fingerprint.get("held_out_from"))
     out_dir = Path(out_dir)
     curve_rows: list[dict] = []
 
@@ -176,7 +176,8 @@ def train_model(
         if not world.is_main:
             return
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
-                 "prepare": prepared.fingerprint.get("config")}  # how its data was split (warm_source.py)
+                 "prepare": prepared.fingerprint.get("config"),  # how its data was split (warm_source.py)
+                 "train_until": prepared.fingerprint.get("train_until")}  # its newest training event (warm.py)
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from recsys.checkpoint import CheckpointError, read_meta, remove_stale_temp_dirs, replace_dir
 from recsys.config import ConfigError
 from recsys.layout import WARM_SOURCE_FILE
+from recsys.lineage import late_data_leak
 from recsys.model_configs import TrainConfig
 
 if TYPE_CHECKING:
@@ -202,14 +203,17 @@ def check_files(warm_dir: Path, files: Sequence[tuple[str, int, str]]) -> None:
 
 
 def start(model: SequentialModel, model_name: str, model_config: Any, cfg: TrainConfig, warm_dir: Path | None,
-          item_ids: Sequence[str], user_ids: Sequence[str]) -> dict[str, Any] | None:
+          item_ids: Sequence[str], user_ids: Sequence[str],
+          held_out_from: float | None = None) -> dict[str, Any] | None:
     """Apply `cfg.init` to a freshly built `model`. Returns what the checkpoint records under `init` — None
-    for `cold` (and for models that learn by counting), so a cold checkpoint is what it always was."""
+    for `cold` (and for models that learn by counting), so a cold checkpoint is what it always was.
+    `held_out_from`: today's global_time cut (the prepared fingerprint's); a champion that trained on events
+    from it on is refused (`late_data_leak`)."""
     if cfg.init == "cold" or not model.trainable:
         return None
     ids = {"items": [None, *map(str, item_ids)], "users": [None, *map(str, user_ids)]}
     try:
-        record = _warm_start(model, model_name, model_config, cfg, warm_dir, ids)
+        record = _warm_start(model, model_name, model_config, cfg, warm_dir, ids, held_out_from)
     except WarmStartRefused as refused:
         if cfg.init == "warm":
             raise ConfigError(f"{model_name}: cannot warm-start: {refused}; {refused.fix}, or set train.init "
@@ -224,7 +228,7 @@ def start(model: SequentialModel, model_name: str, model_config: Any, cfg: Train
 
 
 def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg: TrainConfig,
-                warm_dir: Path | None, ids: dict[str, list]) -> dict[str, Any]:
+                warm_dir: Path | None, ids: dict[str, list], held_out_from: float | None) -> dict[str, Any]:
     source = read_source(warm_dir)
     rewrite = f"run `recsys warm` once a {model_name} version is champion"
     if source.version is None:
@@ -236,6 +240,9 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     v = f"v{source.version}"
     if meta.get("model") != model_name:
         raise WarmStartRefused(f"the champion {v} is a {meta.get('model')} model, not {model_name}", rewrite)
+    if leak := late_data_leak(meta.get("train_until"), held_out_from):
+        raise WarmStartRefused(f"the champion {v} was {leak}",
+                               "this version trains cold; its successor, trained on today's split, can be the next source")
     from recsys.models import config_from_dict
 
     try:  # the champion's config as this version reads it: retired keys dropped, keys added since defaulted

@@ -21,7 +21,9 @@ recorded in its checkpoint and version): with the same settings a data version t
 event the source trained on in training, but under another split rule today's validation and test events
 may be among them — an evaluation that leaks, and a promotion it may decide. Such a champion is passed over
 as if it were another family's (a version that recorded no settings, trained before they were, is taken as
-it was).
+it was). Equal settings are not enough under global_time when late-arriving events move the quantile cut
+before the source's newest training event; that is known only once today's data is prepared, so the train
+stage checks it (recsys/warm.py, `lineage.late_data_leak`).
 """
 
 from __future__ import annotations

@@ -260,6 +260,7 @@ def test_global_time_hand_example():
     frame = frame_of([("a", "x", 1), ("a", "y", 2), ("a", "z", 5), ("a", "w", 6), ("a", "v", 7), ("a", "q", 8),
                       ("b", "x", 3), ("b", "y", 4), ("c", "z", 5), ("c", "x", 7)])
     p = prepare(frame, GLOBAL)
+    assert (p.fingerprint["train_until"], p.fingerprint["held_out_from"]) == (4, 5.0)  # (warm starts, the gate)
     users = p.users.set_index("user")["user_id"]
     items = p.items.set_index("item")["item_id"]
     got = [(users[u], items[i], r) for u, i, r in zip(p.events.user, p.events.item, p.events.role)]
@@ -286,6 +287,23 @@ def test_fingerprint_deterministic_and_sensitive(tiny_interactions, tiny_prepare
     assert prepare(tiny_interactions, other).fingerprint["fingerprint"] != base
     split = dataclasses.replace(tiny_prepare_config, split="global_time")
     assert prepare(tiny_interactions, split).fingerprint["fingerprint"] != base
+
+
+@settings(max_examples=40, deadline=None)
+@given(interaction_tables(max_time=40))
+def test_the_fingerprint_records_where_training_ends_and_the_held_out_period_starts(frame):
+    """`train_until`: the newest training event; `held_out_from` (global_time): the cut every held-out event
+    is at or after — what a warm start and the gate compare a model's own `train_until` with."""
+    for config in (GLOBAL, ALL):
+        p = prepare(frame, config)
+        train = p.events.loc[p.events.role == TRAIN, "timestamp"]
+        assert p.fingerprint["train_until"] == (int(train.max()) if len(train) else None)
+        if config.split == "loo":
+            assert p.fingerprint["held_out_from"] is None
+            continue
+        cut = p.fingerprint["held_out_from"]
+        assert cut == np.quantile(frame[schema.TIMESTAMP].to_numpy(), 0.5)
+        assert (train < cut).all() and (p.events.loc[p.events.role != TRAIN, "timestamp"] >= cut).all()
 
 
 def test_fingerprint_counts(tiny_prepared):

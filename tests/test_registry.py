@@ -233,14 +233,34 @@ def test_promotion_names_the_split_settings_a_champion_was_trained_under():
     from types import SimpleNamespace
 
     from recsys.config import parse_params
-    from recsys.promotion import _split_otherwise as promotion_check
+    from recsys.promotion import _untrustworthy as promotion_check
 
     params = parse_params({"prepare": {"split": "global_time"}})
-    assert promotion_check(SimpleNamespace(params={"prepare": LOO}), params) == (
+    assert promotion_check(SimpleNamespace(params={"prepare": LOO}), params, None) == (
         "was trained on data prepared otherwise (prepare.split loo, now global_time), so today's test events "
         "may be among those it learnt")
-    assert promotion_check(SimpleNamespace(params={"prepare": GLOBAL_TIME}), params) is None
-    assert promotion_check(SimpleNamespace(params={}), params) is None  # recorded nothing: compared as before
+    assert promotion_check(SimpleNamespace(params={"prepare": GLOBAL_TIME}), params, None) is None
+    assert promotion_check(SimpleNamespace(params={}), params, None) is None  # recorded nothing: as before
+
+
+def test_promotion_does_not_trust_a_champion_that_trained_on_events_today_holds_out():
+    """Same settings, but late-arriving events moved today's global_time cut to or before the champion's
+    newest training event: its re-scored figure may count test events it learnt."""
+    from types import SimpleNamespace
+
+    from recsys.config import parse_params
+    from recsys.promotion import _untrustworthy as promotion_check
+
+    params = parse_params({"prepare": {"split": "global_time"}})
+    cut = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    champion = SimpleNamespace(params={"prepare": GLOBAL_TIME, "train_until": int(cut)})
+    assert promotion_check(champion, params, cut) == (
+        "trained on events up to 2023-11-14 22:13:20 UTC, and today's split holds out every event from "
+        "2023-11-14 22:13:20 UTC (events that arrived late moved the prepare.valid_quantile cut earlier): it "
+        "may have learnt today's validation and test events")
+    assert promotion_check(champion, params, cut + 1) is None  # trained only on events before the cut
+    assert promotion_check(champion, params, None) is None  # loo today: no global cut
+    assert promotion_check(SimpleNamespace(params={"prepare": GLOBAL_TIME}), params, cut) is None  # unrecorded
 
 
 def test_candidate_that_is_already_champion(registry, tmp_path):

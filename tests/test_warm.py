@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -36,12 +37,14 @@ def listing(directory: Path) -> list[list]:
 
 
 def make_champion(tmp_path: Path, name: str, config, *, items=CHAMPION_ITEMS, users=CHAMPION_USERS,
-                  version: int = 3, init: dict | None = None, seed: int = 1) -> Path:
+                  version: int = 3, init: dict | None = None, seed: int = 1,
+                  train_until: int | None = None) -> Path:
     """A champion checkpoint (seeded random weights) installed as the warm source; returns the warm dir."""
     torch.manual_seed(seed)
     model = build_model(name, config, n_items=len(items), n_users=len(users))
+    extra = {k: v for k, v in (("init", init), ("train_until", train_until)) if v is not None}
     ckpt = save_checkpoint(tmp_path / f"champion-{name}", model, dataset_fingerprint="0" * 64, item_ids=items,
-                           user_ids=users, extra={"init": init} if init else None)
+                           user_ids=users, extra=extra or None)
     warm_dir = tmp_path / "warm" / name
     write_source(warm_dir, version, SHA, listing(ckpt), ckpt)
     return warm_dir
@@ -182,6 +185,33 @@ def test_a_champion_of_another_family_is_not_a_starting_point(tmp_path, tiny_sas
     assert record["mode"] == "cold" and "is a bert4rec model, not sasrec" in record["reason"]
     with pytest.raises(ConfigError, match="is a bert4rec model, not sasrec"):
         start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+
+
+def test_a_champion_that_trained_on_events_today_holds_out_is_not_a_starting_point(tmp_path, tiny_sasrec_config):
+    """Late-arriving events moved today's global_time cut (`held_out_from`) to or before the champion's newest
+    training event: its weights may hold today's validation and test events. Cold under auto, a one-line
+    error under warm; a cut after its events, loo (no cut) and a champion that recorded none start warm."""
+    until = 1_700_000_000
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config, train_until=until)
+    model, before = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    record = start(model, "sasrec", tiny_sasrec_config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS,
+                   held_out_from=until - 3600.5)
+    assert record["mode"] == "cold" and record["reason"] == (
+        "the champion v3 was trained on events up to 2023-11-14 22:13:20 UTC, and today's split holds out every "
+        "event from 2023-11-14 21:13:19 UTC (events that arrived late moved the prepare.valid_quantile cut "
+        "earlier): it may have learnt today's validation and test events")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # untouched
+    with pytest.raises(ConfigError) as err:
+        start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS,
+              held_out_from=float(until))  # at the cut: that event is held out today
+    assert "\n" not in str(err.value) and str(err.value).startswith(
+        "sasrec: cannot warm-start: the champion v3 was trained on events up to 2023-11-14 22:13:20 UTC")
+    for cut in (until + 0.5, None):
+        assert start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS,
+                     held_out_from=cut)["mode"] == "warm"
+    unrecorded = make_champion(tmp_path / "older", "sasrec", tiny_sasrec_config)
+    assert start(model, "sasrec", tiny_sasrec_config, WARM, unrecorded, CHAMPION_ITEMS, CHAMPION_USERS,
+                 held_out_from=0.0)["mode"] == "warm"
 
 
 def older_champion(tmp_path: Path, config, edit) -> Path:
@@ -361,6 +391,37 @@ def test_warm_training_is_deterministic_records_its_source_and_differs_from_cold
     assert (tmp_path / "c" / "model" / "model.safetensors").read_bytes() != (
         tmp_path / "a" / "model" / "model.safetensors").read_bytes()
     del cold
+
+
+def test_late_arriving_events_that_move_the_global_time_cut_make_the_next_start_cold(
+        tiny_interactions, tiny_prepare_config, tiny_sasrec_config, fast_train_config, tmp_path):
+    """Real prepare and training under global_time: the champion records its newest training event; a batch of
+    older events moves today's cut before it, and the next `auto` run trains cold, saying why."""
+    from recsys import schema
+    from recsys.prepare import prepare
+
+    split = dataclasses.replace(tiny_prepare_config, split="global_time")
+    yesterday = prepare(tiny_interactions, split)
+    cfg = dataclasses.replace(fast_train_config, epochs=1)
+    run(yesterday, tiny_sasrec_config, cfg, tmp_path / "champion", None)
+    champion = tmp_path / "champion" / "model"
+    until = json.loads((champion / "model.json").read_text())["train_until"]
+    assert until == yesterday.fingerprint["train_until"] < yesterday.fingerprint["held_out_from"]
+    warm_dir = tmp_path / "warm" / "sasrec"
+    write_source(warm_dir, 7, SHA, listing(champion), champion)
+
+    late = tiny_interactions.sample(frac=0.5, random_state=0)  # as many events again, from before all others
+    times = tiny_interactions[schema.TIMESTAMP]
+    late[schema.TIMESTAMP] -= int(times.max() - times.min())
+    today = prepare(pd.concat([tiny_interactions, late], ignore_index=True), split)
+    assert today.fingerprint["held_out_from"] <= until
+    auto = dataclasses.replace(cfg, init="auto")
+    run(today, tiny_sasrec_config, auto, tmp_path / "today", warm_dir)
+    init = json.loads((tmp_path / "today" / "model" / "model.json").read_text())["init"]
+    assert init["mode"] == "cold" and init["reason"].startswith("the champion v7 was trained on events up to ")
+    assert "may have learnt today's validation and test events" in init["reason"]
+    run(yesterday, tiny_sasrec_config, auto, tmp_path / "same", warm_dir)  # yesterday's cut: warm
+    assert json.loads((tmp_path / "same" / "model" / "model.json").read_text())["init"]["mode"] == "warm"
 
 
 def test_the_optimiser_starts_fresh_and_a_cold_resume_state_is_never_picked_up(
