@@ -111,6 +111,35 @@ def memory_text(device: torch.device | str) -> str:
     return "the CPU"
 
 
+# What training holds per parameter at least: the weights, their gradients and Adam's two moments (float32).
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def available_bytes(device: torch.device | str) -> int | None:
+    """Memory a new allocation can take now: CUDA's free memory, a CPU's MemAvailable; None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def check_parameters_fit(n_parameters: int, device: torch.device | str, what: str, advice: str) -> None:
+    """Refuse, before anything is allocated, a model whose parameters alone — with their gradients and
+    Adam's moments — exceed the device's available memory: allocating it would fail part-way (or, on a CPU
+    that overcommits, be killed without a word). `what` names the model with the sizes that matter,
+    `advice` the settings to lower."""
+    need = n_parameters * TRAINING_BYTES_PER_PARAMETER
+    have = available_bytes(device)
+    if have is not None and need > have:
+        gib = 2.0 ** 30
+        raise DeviceError(f"{what} has {n_parameters:,} parameters: training needs {need / gib:.1f} GiB for them, "
+                          f"their gradients and Adam's moments, more than {memory_text(device)} holds; {advice}")
+
+
 @contextlib.contextmanager
 def out_of_memory_as_error(device: torch.device | str, doing: str, advice: str) -> Iterator[None]:
     """Turns running out of memory inside the block into one `DeviceError` line: what was being done (with

@@ -34,7 +34,7 @@ from recsys.faults import fault_point
 from recsys.layout import RESUME, SELECTION_METRIC, VALID_COLUMN, Layout
 from recsys.metrics import per_user_metrics
 from recsys.model_configs import TrainConfig, cuda_graph_message, cuda_graph_refusal
-from recsys.models import build_model
+from recsys.models import build_model, check_fits
 from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
@@ -159,6 +159,7 @@ def train_model(
     retain_cpu_memory(cfg.cpu_allocator, device)  # on a CPU; speed only: the same numbers either way
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
+    check_fits(model_name, model_config, data.n_items, data.n_users, device)  # before allocating it
     model = build_model(model_name, model_config, n_items=data.n_items, n_users=data.n_users).to(device)
     model.fit_statistics(data.train_items().to(device))
     item_ids = prepared.items["item_id"].tolist()

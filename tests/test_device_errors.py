@@ -96,3 +96,21 @@ def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepar
     if not torch.cuda.is_available():
         last = _one_error_line(train_stage(tmp_path, write_params({"train": {"device": "cuda"}})))
         assert last.startswith("error: train.device is 'cuda' but torch "), last
+
+
+def test_a_model_too_large_to_train_is_refused_before_it_is_allocated(tiny_prepared, write_params, tmp_path):
+    """Its parameters alone, with gradients and Adam's moments, exceed the machine's memory: the stage stops
+    with one line naming the sizes (counted on the meta device, so nothing is allocated or killed)."""
+    from recsys.prepare import save
+
+    save(tiny_prepared, tmp_path / "artifacts" / "prepared")
+    params = write_params({"train": {"epochs": 1}, "sasrec": {"dim": 2**20, "n_heads": 1}})
+    last = _one_error_line(train_stage(tmp_path, params))
+    n_parameters = re.search(r" has ([0-9,]+) parameters: ", last)
+    assert n_parameters and int(n_parameters.group(1).replace(",", "")) > 6 * 2**40, last  # a block's 6d²
+    assert last.startswith("error: sasrec (dim 1,048,576, n_layers 1, max_len 20; "
+                           f"{tiny_prepared.n_items:,} items, {tiny_prepared.n_users:,} users) has "), last
+    assert re.search(r"GiB for them, their gradients and Adam's moments, more than the CPU \([0-9.]+ of [0-9.]+ "
+                     r"GiB available\) holds; lower sasrec.dim \(now 1,048,576\) or sasrec.n_layers \(now 1\), or "
+                     r"train on a device with more memory \(train.device\)$", last), last
+    assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()

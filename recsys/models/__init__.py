@@ -27,6 +27,22 @@ def build_model(name: str, config: Any, n_items: int, n_users: int) -> Sequentia
     return MODELS[name](config, n_items=n_items, n_users=n_users)
 
 
+def check_fits(name: str, config: Any, n_items: int, n_users: int, device: Any) -> None:
+    """Refuse (`recsys.device.DeviceError`, one line naming the sizes to lower) a model whose parameters
+    cannot be trained on `device` at all, counted on the meta device: nothing is allocated to find out."""
+    import torch
+
+    from recsys.device import check_parameters_fit
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build_model(name, config, n_items=n_items, n_users=n_users).parameters())
+    sizes = {k: getattr(config, k) for k in ("dim", "ffn_dim", "n_layers", "max_len") if hasattr(config, k)}
+    what = f"{name} ({', '.join(f'{k} {v:,}' for k, v in sizes.items())}; {n_items:,} items, {n_users:,} users)"
+    lower = " or ".join(f"{name}.{k} (now {v:,})" for k, v in sizes.items() if k != "max_len")
+    check_parameters_fit(n, device, what, f"lower {lower or 'the catalogue'}, or train on a device with more "
+                                          "memory (train.device)")
+
+
 def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
     """A model config from a checkpoint's JSON. Keys retired since it was saved (recsys.model_configs
     RETIRED_KEYS) are dropped; a retired value it depends on (a model trained with a removed loss) is refused
@@ -44,4 +60,4 @@ def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
     return cls(**raw)
 
 
-__all__ = ["Batch", "SequentialModel", "MODELS", "MODEL_CONFIGS", "build_model", "config_from_dict"]
+__all__ = ["Batch", "SequentialModel", "MODELS", "MODEL_CONFIGS", "build_model", "check_fits", "config_from_dict"]
