@@ -42,6 +42,15 @@ def _fmt(value: Any) -> str:
 
 
 def publish_retrain(results: dict[str, dict], decision: dict | None, curves: dict[str, list[dict]], ran: list[str]) -> None:
+    create_table_artifact(metric_rows(results, decision), key="model-metrics",
+                          description="Test metrics of every model vs the baseline")
+    if decision:
+        publish_decision(decision)
+    create_markdown_artifact(curves_markdown(curves, ran), key="training-curves", description="Validation curves")
+
+
+def metric_rows(results: dict[str, dict], decision: dict | None) -> list[dict]:
+    """The model-metrics table: a row per model, then what the gate compared the candidate with."""
     rows = []
     for m, r in sorted(results.items()):
         rows.append({"model": m, "valid ndcg@10": _fmt((r.get("valid") or {}).get("ndcg@10")),
@@ -49,13 +58,11 @@ def publish_retrain(results: dict[str, dict], decision: dict | None, curves: dic
                      "test mrr": _fmt(r.get("mrr")), "best epoch": _fmt(r.get("best_epoch")),
                      "candidate": "yes" if decision and decision["model"] == m else ""})
     if decision and decision.get("baseline_metric") is not None:
-        rows.append({"model": f"{decision['baseline_kind']} v{decision['baseline_version'] or ''}".strip(),
+        version = decision["baseline_version"]  # None: an unregistered reference result (no version)
+        rows.append({"model": decision["baseline_kind"] + (f" v{version}" if version else ""),
                      "valid ndcg@10": "—", "test ndcg@10": _fmt(decision["baseline_metric"]), "test hr@10": "—",
                      "test mrr": "—", "best epoch": "—", "candidate": "baseline (same test set)"})
-    create_table_artifact(rows, key="model-metrics", description="Test metrics of every model vs the baseline")
-    if decision:
-        publish_decision(decision)
-    create_markdown_artifact(curves_markdown(curves, ran), key="training-curves", description="Validation curves")
+    return rows
 
 
 def publish_decision(decision: dict) -> None:

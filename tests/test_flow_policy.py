@@ -363,3 +363,20 @@ def test_a_fan_out_give_up_time_must_be_finite():
 
     with pytest.raises(ConfigError, match="fan_out_idle_minutes must be a finite number > 0, got inf"):
         check_run_parameters(None, "train-model/gpu", float("inf"))
+
+
+def test_the_metrics_table_names_the_baseline_by_version_only_when_it_has_one():
+    """The gate compared the candidate with the registered champion (`champion v3`) or, with none, with an
+    unregistered reference result (`mostpop`: it was shown as "mostpop v")."""
+    from flows.artifacts import metric_rows
+
+    results = {"sasrec": {"ndcg@10": 0.2, "hr@10": 0.3, "mrr": 0.1, "best_epoch": 4, "valid": {"ndcg@10": 0.25}},
+               "mostpop": {"ndcg@10": 0.05}}
+    decision = {"model": "sasrec", "baseline_metric": 0.05, "baseline_kind": "mostpop", "baseline_version": None}
+    rows = metric_rows(results, decision)
+    assert [r["model"] for r in rows] == ["mostpop", "sasrec", "mostpop"]
+    assert rows[1]["candidate"] == "yes" and rows[1]["test ndcg@10"] == "0.2000" and rows[1]["best epoch"] == "4"
+    assert rows[2]["candidate"] == "baseline (same test set)" and rows[2]["test ndcg@10"] == "0.0500"
+    champion = {**decision, "baseline_kind": "champion", "baseline_version": 3}
+    assert metric_rows(results, champion)[-1]["model"] == "champion v3"
+    assert len(metric_rows(results, {**decision, "baseline_metric": None})) == 2  # nothing compared: no row
