@@ -203,7 +203,6 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
     }
 
 
-
 def save(prepared: Prepared, out_dir: str | Path) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Params, validate_name
+from recsys.held_out import late_data_leak, split_otherwise
 from recsys.layout import Layout
-from recsys.lineage import Lineage, capture, late_data_leak, split_otherwise, trained_data_version
+from recsys.lineage import Lineage, capture, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn

@@ -384,8 +384,9 @@ def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim
                             weight_decay=cfg.weight_decay, fused=cuda, capturable=cfg.cuda_graph and cuda)
 
 
-def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, optimizer, tensors: TrainingTensors,
-                     device: torch.device, distributed: bool = False) -> FixedShapeStep | None:
+def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, optimizer,
+                     tensors: TrainingTensors, device: torch.device,
+                     distributed: bool = False) -> FixedShapeStep | None:
     """`train.cuda_graph`'s step for this run (recsys/step_graph.py), or None when the setting is off. Refused,
     before any training, where it cannot run: a model whose loss has a data-dependent shape, a data-parallel
     run, micro-batches."""

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from recsys.checkpoint import CheckpointError, read_meta, remove_stale_temp_dirs, replace_dir
 from recsys.config import ConfigError
+from recsys.held_out import late_data_leak
 from recsys.layout import WARM_SOURCE_FILE
-from recsys.lineage import late_data_leak
 from recsys.model_configs import TrainConfig
 
 if TYPE_CHECKING:
@@ -241,8 +241,8 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     if meta.get("model") != model_name:
         raise WarmStartRefused(f"the champion {v} is a {meta.get('model')} model, not {model_name}", rewrite)
     if leak := late_data_leak(meta.get("train_until"), held_out_from):
-        raise WarmStartRefused(f"the champion {v} was {leak}",
-                               "this version trains cold; its successor, trained on today's split, can be the next source")
+        raise WarmStartRefused(f"the champion {v} was {leak}", "train this version cold (a version trained on "
+                                                                "today's split can be the next source)")
     from recsys.models import config_from_dict
 
     try:  # the champion's config as this version reads it: retired keys dropped, keys added since defaulted

@@ -23,7 +23,7 @@ may be among them — an evaluation that leaks, and a promotion it may decide. S
 as if it were another family's (a version that recorded no settings, trained before they were, is taken as
 it was). Equal settings are not enough under global_time when late-arriving events move the quantile cut
 before the source's newest training event; that is known only once today's data is prepared, so the train
-stage checks it (recsys/warm.py, `lineage.late_data_leak`).
+stage checks it (recsys/warm.py, `held_out.late_data_leak`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Sequence
 
 from recsys.checkpoint import CheckpointError
 from recsys.config import Params, PrepareConfig, validate_name
+from recsys.held_out import split_otherwise
 from recsys.layout import Layout
-from recsys.lineage import split_otherwise
 from recsys.model_configs import TRAINABLE
 from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root

@@ -100,7 +100,10 @@ def test_flow_and_cli_record_identical_lineage(workspace):
         "evaluate": json.loads(json.dumps(dataclasses.asdict(params.evaluate))),
         "init": {"mode": "cold"},  # trained with train.init: cold (the checkpoint records no init)
         "prepare": json.loads(json.dumps(dataclasses.asdict(params.prepare))),  # the split it trained under
+        "train_until": checkpoint["train_until"],  # its newest training event (recsys/held_out.py)
     }
+    prepared = json.loads((workspace / "artifacts/prepared/fingerprint.json").read_text())
+    assert isinstance(checkpoint["train_until"], int) and checkpoint["train_until"] == prepared["train_until"]
     # Registered by hand, the version still records its code (dirty: code.py was edited) and dataset.
     assert candidate["code_version"] == baseline["code_version"] == f"{head}-dirty"
     assert candidate["dataset_version"] == baseline["dataset_version"] == DATA_MD5

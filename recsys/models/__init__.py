@@ -60,4 +60,5 @@ def config_from_dict(name: str, raw: dict[str, Any]) -> Any:
     return cls(**raw)
 
 
-__all__ = ["Batch", "SequentialModel", "MODELS", "MODEL_CONFIGS", "build_model", "check_fits", "config_from_dict"]
+__all__ = ["Batch", "SequentialModel", "MODELS", "MODEL_CONFIGS", "build_model", "check_fits",
+           "config_from_dict"]
