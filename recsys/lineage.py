@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recsys.config import ConfigError, Params
+from recsys.config import ConfigError, Params, PrepareConfig
 
 # DVC bookkeeping changes with every `dvc repro`/`dvc add`; it says nothing about the code.
 _NOT_CODE = (":(exclude)dvc.lock", ":(exclude)*.dvc")
@@ -97,6 +97,36 @@ def model_params(params: Params, model: str, checkpoint_meta: dict[str, Any]) ->
         "prepare": checkpoint_meta.get("prepare"),
         "train_until": checkpoint_meta.get("train_until"),  # its newest training event (`late_data_leak`)
     }
+
+
+def split_otherwise(version: Any, prepare: PrepareConfig | None) -> str | None:
+    """How the split settings a registry version recorded (its params' "prepare", `model_params`) differ from
+    `prepare`'s ("prepare.split loo, now global_time"), or None when they match or either is unknown. A
+    version trained under other ones may have learnt events today's split validates and tests on: it is
+    never a warm source (recsys/warm_source.py) nor the gate's yardstick (recsys/promotion.py)."""
+    recorded = (version.params or {}).get("prepare")
+    if prepare is None or not isinstance(recorded, dict):
+        return None
+    ours = _split_settings(prepare)
+    try:
+        theirs = _split_settings(PrepareConfig(**recorded))
+    except (TypeError, ValueError):  # recorded by another recsys version: today's keys, as a split reads them
+        known = {f.name for f in dataclasses.fields(prepare)}
+        theirs = {k: v for k, v in recorded.items() if k in known}
+        if theirs.get("split") == "loo":
+            theirs = {k: v for k, v in theirs.items() if k in ours or k == "split"}
+    changed = ["split"] if theirs.get("split") != ours.get("split") else sorted(
+        k for k in ours.keys() | theirs.keys() if theirs.get(k) != ours.get(k))
+    return "; ".join(f"prepare.{k} {theirs.get(k)}, now {ours.get(k)}" for k in changed) or None
+
+
+def _split_settings(prepare: PrepareConfig) -> dict[str, Any]:
+    """The settings that decide which events a split puts in training (the quantiles only under global_time):
+    runs with equal ones train on the same events of the same data."""
+    settings = dataclasses.asdict(prepare)
+    if prepare.split == "loo":
+        del settings["valid_quantile"], settings["test_quantile"]
+    return settings
 
 
 def describe_init(init: dict[str, Any] | None) -> str:

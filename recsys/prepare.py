@@ -141,7 +141,7 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
     user = frame["user"].to_numpy()
     timestamp = frame[schema.TIMESTAMP].to_numpy(np.int64)
     roles = assign_roles(user, timestamp, config)
-    held_out_from = split_times(timestamp, config)[0] if config.split == "global_time" else None
+    cuts = split_times(timestamp, config) if config.split == "global_time" else (None, None)
     events = pd.DataFrame({"user": user, "item": frame["item"].to_numpy(), "timestamp": timestamp, "role": roles})
     events = events[events.role >= 0].reset_index(drop=True)
     counts = events["role"].value_counts()
@@ -155,7 +155,7 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
         lookup = dict(zip(titles["item_id"].astype(str), titles["title"]))
         items["title"] = items["item_id"].map(lookup)
     users = pd.DataFrame({"user": np.arange(1, len(user_ids) + 1, dtype=np.int32), "user_id": user_ids.astype(str)})
-    return Prepared(events, items, users, fingerprint_of(events, items, users, config, held_out_from))
+    return Prepared(events, items, users, fingerprint_of(events, items, users, config, cuts))
 
 
 def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
@@ -176,7 +176,7 @@ def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
 
 
 def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFrame, config: PrepareConfig,
-                   held_out_from: float | None = None) -> dict:
+                   cuts: tuple[float | None, float | None] = (None, None)) -> dict:
     digest = hashlib.sha256()
     for column in ("user", "item", "timestamp", "role"):
         digest.update(np.ascontiguousarray(events[column].to_numpy()).tobytes())
@@ -195,11 +195,13 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
         "n_test": int(counts.get(TEST, 0)),
         "split": config.split,
         "config": dataclasses.asdict(config),
-        # When training ends and (global_time) the held-out period starts, in Unix seconds: a model trained
-        # on events up to a time at or after today's `held_out_from` may have learnt today's validation and
-        # test events — late-arriving data moves the quantile cut earlier (recsys/warm.py, the gate).
+        # When training ends and (global_time) the held-out and the test periods start, in Unix seconds: a
+        # model trained on events up to a time at or after today's cut may have learnt today's validation and
+        # test events (a warm start compares `held_out_from`, recsys/warm.py) or its test events (the gate,
+        # `test_from`, recsys/promotion.py) — late-arriving data moves the quantile cuts earlier.
         "train_until": int(train_times.max()) if len(train_times) else None,
-        "held_out_from": held_out_from,
+        "held_out_from": cuts[0],
+        "test_from": cuts[1],
     }
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Params, validate_name
-from recsys.held_out import late_data_leak, split_otherwise
+from recsys.held_out import late_data_leak
 from recsys.layout import Layout
-from recsys.lineage import Lineage, capture, trained_data_version
+from recsys.lineage import Lineage, capture, split_otherwise, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn
@@ -159,7 +159,7 @@ def _promote_locked(
             f"run `dvc repro evaluate@{model}` first"
         )
     baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
-    held_out = _held_out_from(prepared_dir(root))
+    test_from = _test_from(prepared_dir(root))
     with open_registry(params.registry, root, params.gate) as registry:
         # Refuse before anything is copied: neither artifact lands in the store if either is invalid.
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
@@ -177,25 +177,25 @@ def _promote_locked(
             candidate_dir, candidate, **lineage.as_kwargs(),
             baseline_result=baseline_result, baseline_kind=baseline,
             rescore=rescore or rescore_on(params, prepared_dir(root)),
-            incomparable=lambda champion: _untrustworthy(champion, params, held_out),
+            incomparable=lambda champion: _untrustworthy(champion, params, test_from),
         )
 
 
-def _untrustworthy(champion: Any, params: Params, held_out_from: float | None) -> str | None:
+def _untrustworthy(champion: Any, params: Params, test_from: float | None) -> str | None:
     """Why the champion's score on today's test split cannot be trusted, or None: trained under other split
-    settings, or on events today's global_time split holds out (late-arriving data moved its cut earlier), it
-    may have learnt today's test events, and its re-scored figure would be inflated."""
+    settings, or on events from today's global_time test cut on (late-arriving data moved it earlier), it may
+    have learnt today's test events, and its re-scored figure would be inflated."""
     changed = split_otherwise(champion, params.prepare)
     if changed is not None:
         return (f"was trained on data prepared otherwise ({changed}), so today's test events may be among "
                 "those it learnt")
-    return late_data_leak((champion.params or {}).get("train_until"), held_out_from)
+    return late_data_leak((champion.params or {}).get("train_until"), test_from, "test")
 
 
-def _held_out_from(prepared: Path) -> float | None:
-    """Today's global_time cut from the prepared dataset's fingerprint.json (None: loo, or none written)."""
+def _test_from(prepared: Path) -> float | None:
+    """Today's global_time test cut from the prepared dataset's fingerprint.json (None: loo, or none written)."""
     try:
-        value = json.loads((prepared / "fingerprint.json").read_text(encoding="utf-8")).get("held_out_from")
+        value = json.loads((prepared / "fingerprint.json").read_text(encoding="utf-8")).get("test_from")
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) else None

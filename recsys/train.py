@@ -31,6 +31,7 @@ from recsys.device import out_of_memory_as_error, retain_cpu_memory
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
+from recsys.held_out import weights_until
 from recsys.layout import RESUME, SELECTION_METRIC, VALID_COLUMN, Layout
 from recsys.metrics import per_user_metrics
 from recsys.model_configs import TrainConfig, cuda_graph_message, cuda_graph_refusal
@@ -178,7 +179,7 @@ def train_model(
             return
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
                  "prepare": prepared.fingerprint.get("config"),  # how its data was split (warm_source.py)
-                 "train_until": prepared.fingerprint.get("train_until")}  # its newest training event (warm.py)
+                 "train_until": weights_until(prepared.fingerprint.get("train_until"), init)}  # (held_out.py)
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,

@@ -283,9 +283,11 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     except (OSError, SafetensorError) as err:
         raise CheckpointError(f"{checkpoint}: cannot read the champion's weights ({err})") from err
     counts, fresh = transfer(model, state, old_ids, ids, keep=cfg.warm_keep)
+    until = meta.get("train_until")  # the newest event its weights have seen, carried on (held_out.weights_until)
     return {"requested": cfg.init, "mode": "warm", "from_version": source.version,
             "from_sha256": source.artifact_sha256, "warm_streak": streak + 1, **counts, "fresh": fresh,
-            **({"keep": cfg.warm_keep} if cfg.warm_keep != 1.0 else {})}
+            **({"keep": cfg.warm_keep} if cfg.warm_keep != 1.0 else {}),
+            **({"from_train_until": until} if isinstance(until, (int, float)) else {})}
 
 
 def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids: dict[str, list],

@@ -37,8 +37,8 @@ from typing import Sequence
 
 from recsys.checkpoint import CheckpointError
 from recsys.config import Params, PrepareConfig, validate_name
-from recsys.held_out import split_otherwise
 from recsys.layout import Layout
+from recsys.lineage import split_otherwise
 from recsys.model_configs import TRAINABLE
 from recsys.registry import Registry, VersionInfo, database_errors, open_registry, registry_url
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root

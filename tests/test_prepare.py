@@ -260,7 +260,8 @@ def test_global_time_hand_example():
     frame = frame_of([("a", "x", 1), ("a", "y", 2), ("a", "z", 5), ("a", "w", 6), ("a", "v", 7), ("a", "q", 8),
                       ("b", "x", 3), ("b", "y", 4), ("c", "z", 5), ("c", "x", 7)])
     p = prepare(frame, GLOBAL)
-    assert (p.fingerprint["train_until"], p.fingerprint["held_out_from"]) == (4, 5.0)  # (warm starts, the gate)
+    fp = p.fingerprint  # where training ends, the held-out (warm starts) and the test (the gate) periods begin
+    assert (fp["train_until"], fp["held_out_from"], fp["test_from"]) == (4, 5.0, 6.75)
     users = p.users.set_index("user")["user_id"]
     items = p.items.set_index("item")["item_id"]
     got = [(users[u], items[i], r) for u, i, r in zip(p.events.user, p.events.item, p.events.role)]
@@ -299,11 +300,12 @@ def test_the_fingerprint_records_where_training_ends_and_the_held_out_period_sta
         train = p.events.loc[p.events.role == TRAIN, "timestamp"]
         assert p.fingerprint["train_until"] == (int(train.max()) if len(train) else None)
         if config.split == "loo":
-            assert p.fingerprint["held_out_from"] is None
+            assert p.fingerprint["held_out_from"] is None and p.fingerprint["test_from"] is None
             continue
-        cut = p.fingerprint["held_out_from"]
-        assert cut == np.quantile(frame[schema.TIMESTAMP].to_numpy(), 0.5)
+        cut, test_cut = p.fingerprint["held_out_from"], p.fingerprint["test_from"]
+        assert (cut, test_cut) == tuple(np.quantile(frame[schema.TIMESTAMP].to_numpy(), [0.5, 0.75]))
         assert (train < cut).all() and (p.events.loc[p.events.role != TRAIN, "timestamp"] >= cut).all()
+        assert (p.events.loc[p.events.role == TEST, "timestamp"] >= test_cut).all()
 
 
 def test_fingerprint_counts(tiny_prepared):

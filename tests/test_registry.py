@@ -244,8 +244,9 @@ def test_promotion_names_the_split_settings_a_champion_was_trained_under():
 
 
 def test_promotion_does_not_trust_a_champion_that_trained_on_events_today_holds_out():
-    """Same settings, but late-arriving events moved today's global_time cut to or before the champion's
-    newest training event: its re-scored figure may count test events it learnt."""
+    """Same settings, but late-arriving events moved today's global_time test cut to or before the champion's
+    newest training event: its re-scored figure may count test events it learnt. The cut is read from the
+    prepared dataset's fingerprint.json as the stage writes it."""
     from types import SimpleNamespace
 
     from recsys.config import parse_params
@@ -254,13 +255,30 @@ def test_promotion_does_not_trust_a_champion_that_trained_on_events_today_holds_
     params = parse_params({"prepare": {"split": "global_time"}})
     cut = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
     champion = SimpleNamespace(params={"prepare": GLOBAL_TIME, "train_until": int(cut)})
-    assert promotion_check(champion, params, cut) == (
+    assert promotion_check(champion, params, cut - 0.25) == (
         "trained on events up to 2023-11-14 22:13:20 UTC, and today's split holds out every event from "
-        "2023-11-14 22:13:20 UTC (events that arrived late moved the prepare.valid_quantile cut earlier): it "
-        "may have learnt today's validation and test events")
-    assert promotion_check(champion, params, cut + 1) is None  # trained only on events before the cut
+        "2023-11-14 22:13:20 UTC (today's prepare quantile cut is earlier than the one it trained under: events "
+        "that arrived late, or that the k-core filter re-admitted, move it): it may have learnt today's test "
+        "events")
+    assert promotion_check(champion, params, cut) is not None  # its newest event is a test-period one today
+    assert promotion_check(champion, params, cut + 0.5) is None  # trained only on events before the cut
     assert promotion_check(champion, params, None) is None  # loo today: no global cut
     assert promotion_check(SimpleNamespace(params={"prepare": GLOBAL_TIME}), params, cut) is None  # unrecorded
+
+
+def test_the_gate_reads_todays_test_cut_from_the_prepared_dataset(tiny_interactions, tiny_prepare_config, tmp_path):
+    import dataclasses
+
+    from recsys.prepare import prepare, save
+    from recsys.promotion import _test_from
+
+    split = dataclasses.replace(tiny_prepare_config, split="global_time")
+    prepared = prepare(tiny_interactions, split)
+    save(prepared, tmp_path / "global")
+    fp = prepared.fingerprint
+    assert _test_from(tmp_path / "global") == fp["test_from"] > fp["held_out_from"]
+    save(prepare(tiny_interactions, tiny_prepare_config), tmp_path / "loo")
+    assert _test_from(tmp_path / "loo") is None and _test_from(tmp_path / "missing") is None
 
 
 def test_candidate_that_is_already_champion(registry, tmp_path):

@@ -198,8 +198,9 @@ def test_a_champion_that_trained_on_events_today_holds_out_is_not_a_starting_poi
                    held_out_from=until - 3600.5)
     assert record["mode"] == "cold" and record["reason"] == (
         "the champion v3 was trained on events up to 2023-11-14 22:13:20 UTC, and today's split holds out every "
-        "event from 2023-11-14 21:13:19 UTC (events that arrived late moved the prepare.valid_quantile cut "
-        "earlier): it may have learnt today's validation and test events")
+        "event from 2023-11-14 21:13:20 UTC (today's prepare quantile cut is earlier than the one it trained "
+        "under: events that arrived late, or that the k-core filter re-admitted, move it): it may have learnt "
+        "today's validation and test events")  # (a cut of 21:13:19.5: the first whole second it holds out)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # untouched
     with pytest.raises(ConfigError) as err:
         start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS,
@@ -212,6 +213,18 @@ def test_a_champion_that_trained_on_events_today_holds_out_is_not_a_starting_poi
     unrecorded = make_champion(tmp_path / "older", "sasrec", tiny_sasrec_config)
     assert start(model, "sasrec", tiny_sasrec_config, WARM, unrecorded, CHAMPION_ITEMS, CHAMPION_USERS,
                  held_out_from=0.0)["mode"] == "warm"
+
+
+def test_a_warm_started_checkpoint_records_the_newest_event_its_weights_have_seen():
+    """Its own data's newest training event, or its warm source's when later: the source's knowledge is in its
+    weights, so the next leak check must see it (a source that recorded none adds nothing)."""
+    from recsys.held_out import weights_until
+
+    assert weights_until(100, None) == 100
+    assert weights_until(100, {"mode": "warm", "from_train_until": 250}) == 250
+    assert weights_until(300, {"mode": "warm", "from_train_until": 250}) == 300
+    assert weights_until(None, {"mode": "warm", "from_train_until": 250}) == 250
+    assert weights_until(100, {"mode": "warm"}) == 100 and weights_until(None, None) is None
 
 
 def older_champion(tmp_path: Path, config, edit) -> Path:
@@ -384,9 +397,11 @@ def test_warm_training_is_deterministic_records_its_source_and_differs_from_cold
         tmp_path / "b" / "model" / "model.safetensors").read_bytes()
     assert a.best_valid == b.best_valid
     meta = json.loads((tmp_path / "a" / "model" / "model.json").read_text())
+    source_until = json.loads((champion_source / CHECKPOINT / "model.json").read_text())["train_until"]
     assert meta["init"] == {"requested": "warm", "mode": "warm", "from_version": 7, "from_sha256": SHA,
-                            "warm_streak": 1, "fresh": [],
+                            "warm_streak": 1, "fresh": [], "from_train_until": source_until,
                             "items": {"kept": tiny_prepared.n_items, "new": 0, "dropped": 0}}
+    assert meta["train_until"] == max(tiny_prepared.fingerprint["train_until"], source_until)
     cold = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(cfg, init="cold"), tmp_path / "c", None)
     assert (tmp_path / "c" / "model" / "model.safetensors").read_bytes() != (
         tmp_path / "a" / "model" / "model.safetensors").read_bytes()
