@@ -77,8 +77,10 @@ def split_times(timestamp: np.ndarray, config: PrepareConfig) -> tuple[float, fl
     return float(t_valid), float(t_test)
 
 
-def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig) -> np.ndarray:
-    """Roles for events already sorted by (user, time)."""
+def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig,
+                 cuts: tuple[float, float] | None = None) -> np.ndarray:
+    """Roles for events already sorted by (user, time); under global_time cut at `cuts` (`split_times`,
+    computed here when not given)."""
     n = len(user)
     roles = np.full(n, TRAIN, dtype=np.int8)
     starts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]])
@@ -90,7 +92,7 @@ def assign_roles(user: np.ndarray, timestamp: np.ndarray, config: PrepareConfig)
         roles[(ends - 2)[eligible]] = VALID
         return roles
 
-    t_valid, t_test = split_times(timestamp, config)
+    t_valid, t_test = cuts or split_times(timestamp, config)
     roles[timestamp >= t_valid] = HISTORY
     keep = np.ones(n, dtype=bool)
     for s, e in zip(starts, ends):  # per-user scan; global-time splits are an option, not the hot path
@@ -140,8 +142,8 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
 
     user = frame["user"].to_numpy()
     timestamp = frame[schema.TIMESTAMP].to_numpy(np.int64)
-    roles = assign_roles(user, timestamp, config)
-    cuts = split_times(timestamp, config) if config.split == "global_time" else (None, None)
+    cuts = split_times(timestamp, config) if config.split == "global_time" else None  # once: roles, fingerprint
+    roles = assign_roles(user, timestamp, config, cuts)
     events = pd.DataFrame({"user": user, "item": frame["item"].to_numpy(), "timestamp": timestamp, "role": roles})
     events = events[events.role >= 0].reset_index(drop=True)
     counts = events["role"].value_counts()
@@ -176,7 +178,7 @@ def require_targets(prepared: Prepared, config: PrepareConfig) -> None:
 
 
 def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFrame, config: PrepareConfig,
-                   cuts: tuple[float | None, float | None] = (None, None)) -> dict:
+                   cuts: tuple[float, float] | None = None) -> dict:
     digest = hashlib.sha256()
     for column in ("user", "item", "timestamp", "role"):
         digest.update(np.ascontiguousarray(events[column].to_numpy()).tobytes())
@@ -200,8 +202,8 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
         # test events (a warm start compares `held_out_from`, recsys/warm.py) or its test events (the gate,
         # `test_from`, recsys/promotion.py) — late-arriving data moves the quantile cuts earlier.
         "train_until": int(train_times.max()) if len(train_times) else None,
-        "held_out_from": cuts[0],
-        "test_from": cuts[1],
+        "held_out_from": cuts[0] if cuts else None,
+        "test_from": cuts[1] if cuts else None,
     }
 
 
