@@ -21,6 +21,8 @@ DATA = "data"  # the raw store (tracked by data.dvc, appended to by ingest)
 EXPECTATIONS = "expectations"  # the Great Expectations suites every batch is validated with (recsys.validation)
 DATA_DVC = "data.dvc"
 PREPARED = "artifacts/prepared"
+# In PREPARED, written last: counts, split settings and cuts (recsys/prepare.py; the gate reads its test cut).
+PREPARED_FINGERPRINT = "fingerprint.json"
 MODEL_DIR = "artifacts/models/{model}"
 # The checkpoint a `train.init: warm | auto` run starts from (recsys/warm.py), written before `dvc repro` by
 # `recsys warm`, `recsys bootstrap` and the retrain flow; a dependency of train@<model> in dvc.yaml.

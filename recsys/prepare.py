@@ -142,7 +142,7 @@ def prepare(interactions: pd.DataFrame, config: PrepareConfig, titles: pd.DataFr
 
     user = frame["user"].to_numpy()
     timestamp = frame[schema.TIMESTAMP].to_numpy(np.int64)
-    cuts = split_times(timestamp, config) if config.split == "global_time" else None  # once: roles, fingerprint
+    cuts = split_times(timestamp, config) if config.split == "global_time" else None  # (roles, fingerprint)
     roles = assign_roles(user, timestamp, config, cuts)
     events = pd.DataFrame({"user": user, "item": frame["item"].to_numpy(), "timestamp": timestamp, "role": roles})
     events = events[events.role >= 0].reset_index(drop=True)
@@ -214,18 +214,18 @@ def save(prepared: Prepared, out_dir: str | Path) -> None:
     prepared.items.to_parquet(out / "items.parquet", index=False)
     prepared.users.to_parquet(out / "users.parquet", index=False)
     # Written last: its presence marks a complete directory.
-    (out / "fingerprint.json").write_text(json.dumps(prepared.fingerprint, indent=2) + "\n")
+    (out / layout.PREPARED_FINGERPRINT).write_text(json.dumps(prepared.fingerprint, indent=2) + "\n")
 
 
 def load(prepared_dir: str | Path) -> Prepared:
     path = Path(prepared_dir)
-    if not (path / "fingerprint.json").is_file():
-        raise PrepareError(f"{path} is not a prepared dataset (no fingerprint.json); run `dvc repro prepare`")
+    if not (path / layout.PREPARED_FINGERPRINT).is_file():
+        raise PrepareError(f"{path} is not a prepared dataset (no {layout.PREPARED_FINGERPRINT}); run `dvc repro prepare`")
     return Prepared(
         events=pd.read_parquet(path / "events.parquet"),
         items=pd.read_parquet(path / "items.parquet"),
         users=pd.read_parquet(path / "users.parquet"),
-        fingerprint=json.loads((path / "fingerprint.json").read_text()),
+        fingerprint=json.loads((path / layout.PREPARED_FINGERPRINT).read_text()),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from recsys.config import Params, validate_name
 from recsys.held_out import late_data_leak
-from recsys.layout import Layout
+from recsys.layout import PREPARED_FINGERPRINT, Layout
 from recsys.lineage import Lineage, capture, split_otherwise, trained_data_version
 from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
@@ -195,7 +195,7 @@ def _untrustworthy(champion: Any, params: Params, test_from: float | None) -> st
 def _test_from(prepared: Path) -> float | None:
     """Today's global_time test cut from the prepared dataset's fingerprint.json (None: loo, or none written)."""
     try:
-        value = json.loads((prepared / "fingerprint.json").read_text(encoding="utf-8")).get("test_from")
+        value = json.loads((prepared / PREPARED_FINGERPRINT).read_text(encoding="utf-8")).get("test_from")
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) else None
