@@ -52,7 +52,7 @@ from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between 
 
 from recsys.config import ConfigError, build_dataclass, load_params  # noqa: E402
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
-from recsys.device import resolve_device  # noqa: E402
+from recsys.device import precision_name, resolve_device, training_autocast  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
@@ -286,6 +286,9 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         # How dropout drew its masks, where that is this code's (a CPU; CUDA keeps torch's): it sets a CPU
         # epoch's cost (session 33: 11-18 % less than rows before, which lack the key), not what is learned.
         "dropout_masks": CPU_MASKS if resolved.type == "cpu" else "torch",
+        # What the training step computed in (`train.precision` resolved on this device: "auto" is bf16 on a
+        # CPU with AVX512-BF16/AMX and on CUDA). Rows before the key: float32 on a CPU, bfloat16 on CUDA.
+        "precision": precision_name(training_autocast(train_config.precision, resolved)),
         # Other work on the same cores inflates the times; the 1-minute load average says how much.
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "curve": [json.loads(json.dumps(r)) for r in _read_curve(work / f"{out.name}.csv")],
@@ -310,6 +313,16 @@ _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size",
 # row without the key is read at that value, so that a row of a new setting cannot join the old rows of its
 # string unnoticed (the check below compares the keys both rows record). Add each new train key here.
 _BEFORE_THE_KEY = {"ema_warmup": False}
+# `train.precision` before the key: CUDA steps ran under bfloat16 autocast (what "auto" does there), CPU
+# steps in float32.
+_PRECISION_BEFORE = {"cuda": "auto", "cpu": "fp32"}
+
+
+def before_the_key(row: dict) -> dict:
+    """The train settings a stored row trained with but predates the keys of (`_BEFORE_THE_KEY`)."""
+    cuda = row.get("train", {}).get("device") == "cuda" or "NVIDIA" in str(row.get("machine"))
+    on = "cuda" if cuda else "cpu"
+    return {**_BEFORE_THE_KEY, "precision": _PRECISION_BEFORE[on]}
 
 
 def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
@@ -318,7 +331,7 @@ def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
         if part == "train":
-            old = {**_BEFORE_THE_KEY, **old}
+            old = {**before_the_key(stored), **old}
         free = _RERUN_FREE if part == "train" else frozenset()
         out += differing(old, now, sorted((old.keys() & now.keys()) - free))
     return out

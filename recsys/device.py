@@ -1,13 +1,15 @@
 """Which torch device a stage runs on (`train.device` in params.yaml), and what a device that cannot run
 the configuration tells a person: no CUDA where `cuda` was asked for, or memory running out. Both are
 `DeviceError`s — user errors (`recsys.entry`): one line naming the setting to change, no retry. Also how the
-C allocator treats the memory a CPU step frees (`train.cpu_allocator`, `retain_cpu_memory`)."""
+C allocator treats the memory a CPU step frees (`train.cpu_allocator`, `retain_cpu_memory`), and what a training step
+computes in (`train.precision`, `training_autocast`)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -33,6 +35,44 @@ def resolve_device(name: str) -> torch.device:
         raise DeviceError(f"train.device is 'cuda' but torch {torch.__version__} ({build}) sees no CUDA "
                           "device: set train.device to auto or cpu, or install torch's CUDA build (README)")
     return torch.device(name)
+
+
+# /proc/cpuinfo flags of x86 CPUs that compute bfloat16 products natively (oneDNN's bf16 kernels): AVX512-BF16
+# (AMD Zen 4+, Intel Cooper Lake+) and AMX (Intel Sapphire Rapids+). Without them torch emulates bf16 on a
+# CPU, which is slower than float32.
+NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU lists a native bfloat16 flag (Linux; elsewhere False: `auto` keeps fp32)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return bool(NATIVE_BF16_CPU_FLAGS & set(line.partition(":")[2].split()))
+    return False
+
+
+def training_autocast(precision: str, device: torch.device) -> torch.dtype | None:
+    """`train.precision` on `device`: the autocast dtype of a training step, or None for float32."""
+    if precision == "fp32" or device.type not in ("cpu", "cuda"):
+        return None
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if precision == "bf16":
+        if device.type == "cuda" and not cuda_bf16:
+            raise DeviceError(f"train.precision is 'bf16' but {torch.cuda.get_device_name(device)} has no "
+                              "bfloat16 support: set train.precision to auto or fp32")
+        return torch.bfloat16
+    native = cuda_bf16 if device.type == "cuda" else cpu_has_native_bf16()
+    return torch.bfloat16 if native else None
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    """What a step ran in, as benchmark rows and logs record it: "bf16" or "fp32"."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
 
 
 # glibc's mallopt(3) parameters.

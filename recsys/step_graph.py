@@ -49,9 +49,10 @@ class FixedShapeStep:
     `batch_size` of them). Returns the step's mean loss on the device; it stays valid until the next call."""
 
     def __init__(self, model, optimizer: torch.optim.Optimizer, tensors: TrainingTensors, batch_size: int,
-                 *, grad_clip: float = 0.0, device: torch.device):
+                 *, grad_clip: float = 0.0, device: torch.device, autocast: torch.dtype | None = None):
         self.model, self.optimizer, self.tensors = model, optimizer, tensors
         self.grad_clip, self.device = grad_clip, device
+        self.autocast = autocast  # `train.precision` (recsys.device.training_autocast); None = float32
         self.width = int(tensors.items.shape[1]) - 1  # input positions: the longest span's, minus its target
         self.rows = torch.zeros(batch_size, dtype=torch.long, device=device)  # static inputs of the graph
         self.real = torch.ones(batch_size, dtype=torch.bool, device=device)  # False: a padding row
@@ -91,8 +92,9 @@ class FixedShapeStep:
         real = self.real[:, None]  # a padding row becomes all padding: no input, no target, no masked position
         batch = replace(batch, items=batch.items * real, targets=batch.targets * real, fixed_shape=True,
                         loss_rows=self.loss_rows)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda",
-                            cache_enabled=False):  # no autocast cache across a capture (PyTorch's notes)
+        # No autocast cache across a capture (PyTorch's notes).
+        with torch.autocast(device_type=device.type, dtype=self.autocast or torch.bfloat16,
+                            enabled=self.autocast is not None, cache_enabled=False):
             loss = model.loss(batch)
         loss.backward()
         if self.grad_clip > 0:

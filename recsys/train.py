@@ -27,7 +27,7 @@ import torch
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError
-from recsys.device import out_of_memory_as_error, retain_cpu_memory
+from recsys.device import out_of_memory_as_error, precision_name, retain_cpu_memory, training_autocast
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
@@ -104,17 +104,18 @@ def validation_inputs(model, data: SequenceData, config: TrainConfig, device) ->
 
 
 def optimiser_step(model, loss_fn, optimizer, tensors: TrainingTensors, rows: torch.Tensor, micro: list,
-                   *, grad_clip: float = 0.0) -> torch.Tensor:
+                   *, grad_clip: float = 0.0, autocast: torch.dtype | None = None) -> torch.Tensor:
     """One optimiser step on the spans `rows` (on the device, sorted by length) run as the micro-batches
     `micro` (`recsys.sequences.micro_batches`): their weighted losses' gradients add up to the whole step's.
-    Returns the step's mean loss, detached and left on the device (no host sync). bfloat16 autocast on
-    CUDA."""
+    Returns the step's mean loss, detached and left on the device (no host sync). The forward pass and loss
+    run under `autocast` (`train.precision`: `recsys.device.training_autocast`; None = float32)."""
     device = rows.device
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=device)
     for start, stop, width, weight in micro:
         batch = tensors.batch(rows[start:stop], width)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device_type=device.type, dtype=autocast or torch.bfloat16,
+                            enabled=autocast is not None):
             loss = loss_fn(batch)
         (loss * weight).backward()
         total += loss.detach() * weight
@@ -158,6 +159,9 @@ def train_model(
     world = current_world()  # one process, or this rank under torchrun (recsys.distributed)
     device = world.device(cfg.device)
     retain_cpu_memory(cfg.cpu_allocator, device)  # on a CPU; speed only: the same numbers either way
+    autocast = training_autocast(cfg.precision, device)  # the step's arithmetic (None: float32)
+    log.info("model=%s device=%s precision=%s (train.precision=%s)", model_name, device.type,
+             precision_name(autocast), cfg.precision)
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
     check_fits(model_name, model_config, data.n_items, data.n_users, device)  # before allocating it
@@ -304,7 +308,7 @@ def train_model(
                     total_loss += fixed(rows)
                 else:
                     total_loss += optimiser_step(model, loss_fn, optimizer, tensors, rows, micro,
-                                                 grad_clip=cfg.grad_clip)
+                                                 grad_clip=cfg.grad_clip, autocast=autocast)
                 if average is not None:
                     average.update(state["steps"] + 1)
                 state["steps"] += 1
@@ -399,7 +403,8 @@ def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, opt
                                                  "a graph")
     if message is not None:
         raise ConfigError(message)
-    return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device)
+    return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device,
+                          autocast=training_autocast(cfg.precision, device))
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:

@@ -12,7 +12,8 @@ is most of the cost (see benchmarks/RESULTS.md).
 `mask` (optional, (N,) bool) keeps only its rows in the mean: a fixed-shape batch (every position of every
 row, padding included: `train.cuda_graph`) then has no data-dependent shape and nothing to wait for.
 
-Under CUDA autocast the products run in the autocast dtype and the softmax in float32, as autograd would.
+Under autocast (CUDA or CPU, `train.precision`) the products run in the autocast dtype and the softmax in float32,
+as autograd would.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def chunk_elements(device: torch.device) -> int:
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    if t.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
+    kind = t.device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
     return t.dtype
 
 
