@@ -286,8 +286,8 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
         # How dropout drew its masks, where that is this code's (a CPU; CUDA keeps torch's): it sets a CPU
         # epoch's cost (session 33: 11-18 % less than rows before, which lack the key), not what is learned.
         "dropout_masks": CPU_MASKS if resolved.type == "cpu" else "torch",
-        # What the training step computed in (`train.precision` resolved on this device: "auto" is bf16 on a
-        # CPU with AVX512-BF16/AMX and on CUDA). Rows before the key: float32 on a CPU, bfloat16 on CUDA.
+        # What the training step computed in (`train.precision` resolved on this device: "auto" is bf16 on
+        # CUDA, fp32 on a CPU). Rows before the key: float32 on a CPU, bfloat16 on CUDA.
         "precision": precision_name(training_autocast(train_config.precision, resolved)),
         # Other work on the same cores inflates the times; the 1-minute load average says how much.
         "load_average_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],

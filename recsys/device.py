@@ -57,7 +57,9 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def training_autocast(precision: str, device: torch.device) -> torch.dtype | None:
-    """`train.precision` on `device`: the autocast dtype of a training step, or None for float32."""
+    """`train.precision` on `device`: the autocast dtype of a training step, or None for float32. "auto" is
+    bfloat16 on CUDA that supports it and float32 on a CPU: bf16 on a CPU is asked for by name while its
+    quality is being measured over seeds (benchmarks/RESULTS.md, session 43)."""
     if precision == "fp32" or device.type not in ("cpu", "cuda"):
         return None
     cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -65,9 +67,11 @@ def training_autocast(precision: str, device: torch.device) -> torch.dtype | Non
         if device.type == "cuda" and not cuda_bf16:
             raise DeviceError(f"train.precision is 'bf16' but {torch.cuda.get_device_name(device)} has no "
                               "bfloat16 support: set train.precision to auto or fp32")
+        if device.type == "cpu" and not cpu_has_native_bf16():
+            log.warning("train.precision=bf16 on a CPU without AVX512-BF16 or AMX: torch emulates bfloat16 "
+                        "there, slower than float32; set train.precision to auto or fp32")
         return torch.bfloat16
-    native = cuda_bf16 if device.type == "cuda" else cpu_has_native_bf16()
-    return torch.bfloat16 if native else None
+    return torch.bfloat16 if cuda_bf16 else None
 
 
 def precision_name(dtype: torch.dtype | None) -> str:

@@ -318,10 +318,10 @@ class TrainConfig:
     # The training step's arithmetic (forward and loss; weights, gradients, Adam and the moving average stay
     # float32, and validation, test and serving always score in float32, where bfloat16's 8-bit mantissa would
     # tie scores): "bf16" runs the step under bfloat16 autocast (matrix products in bfloat16, accumulated and
-    # normalised in float32); "fp32" runs it in float32; "auto" is bf16 where the device computes bfloat16
-    # natively — CUDA with bf16 support, a CPU with AVX512-BF16 or AMX (recsys.device.training_autocast) —
-    # else fp32. On this project's 2-core AMD EPYC (AVX512-BF16) a BERT4Rec step is 2.1 x, SASRec's 1.5 x
-    # shorter in bf16 (benchmarks/RESULTS.md).
+    # normalised in float32); "fp32" in float32; "auto" is bf16 on CUDA with bf16 support, fp32 on a CPU
+    # (recsys.device.training_autocast). On a CPU with AVX512-BF16 or AMX, bf16 makes a step 1.5-2.1 x
+    # shorter (this project's AMD EPYC); it is asked for by name there until its quality is measured over
+    # seeds (benchmarks/RESULTS.md).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
 
     @property

@@ -109,11 +109,9 @@ def tiny_sasrec_config():
 
 @pytest.fixture(scope="session")
 def fast_train_config() -> TrainConfig:
-    """A few CPU epochs without a progress bar; tests `dataclasses.replace` what they vary. In float32 (not
-    the default `auto`, bf16 on a CPU that has it): the tiny models' thresholds and exact comparisons were
-    set on float32 arithmetic, the same on every machine; test_train.py trains bfloat16 on its own."""
+    """A few CPU epochs without a progress bar; tests `dataclasses.replace` what they vary."""
     return TrainConfig(epochs=3, batch_size=16, lr=5e-3, patience=10, seed=0, device="cpu", progress="off",
-                       eval_batch_size=64, precision="fp32")
+                       eval_batch_size=64)
 
 
 @pytest.fixture(scope="session")
