@@ -40,7 +40,7 @@ from recsys.models import build_model, losses  # noqa: E402
 from recsys.sequences import (  # noqa: E402
     SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches,
 )
-from recsys.device import resolve_device, retain_cpu_memory  # noqa: E402
+from recsys.device import precision_name, resolve_device, retain_cpu_memory, training_autocast  # noqa: E402
 from recsys.entry import positive_int, run_entry  # noqa: E402
 from recsys.step_graph import EAGER_BEFORE_CAPTURE, FixedShapeStep  # noqa: E402
 from recsys.train import (  # noqa: E402
@@ -51,7 +51,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 
 
 def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, device: torch.device,
-                micro_batches_setting: int = 0, fixed: FixedShapeStep | None = None) -> int:
+                micro_batches_setting: int = 0, fixed: FixedShapeStep | None = None,
+                autocast: torch.dtype | None = None) -> int:
     """One training step per batch of row indices, as the trainer takes it (`recsys.train.optimiser_step`,
     with `train.micro_batches` = `micro_batches_setting`, or `fixed`: `train.cuda_graph`'s step); returns the
     sequences seen (waits for the device before returning)."""
@@ -65,7 +66,7 @@ def train_steps(model, optimizer, tensors: TrainingTensors, batches: list, devic
             fixed(on_device)
         else:
             optimiser_step(model, model.loss, optimizer, tensors, on_device,
-                           micro_batches(tensors.lengths[rows], parts, terms[rows]))
+                           micro_batches(tensors.lengths[rows], parts, terms[rows]), autocast=autocast)
         sequences += len(rows)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -107,6 +108,7 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, n_batches, device,
                                                                   batch_size, cuda_graph)
     name = model.name
+    autocast = training_autocast(train_config.precision, device)  # `train.precision`, as the trainer
     # As the trainer does; process-wide, so a run string's `cpu_allocator=system` after a retaining run in the
     # same process still retains (the row says which it had).
     retained = retain_cpu_memory(train_config.cpu_allocator, device)
@@ -114,10 +116,15 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
     warm = 2 + (EAGER_BEFORE_CAPTURE if cuda_graph else 0)
-    train_steps(model, optimizer, tensors, (batches * warm)[:warm], device, train_config.micro_batches, fixed)
-    started = time.perf_counter()
-    sequences = train_steps(model, optimizer, tensors, batches, device, train_config.micro_batches, fixed)
+    train_steps(model, optimizer, tensors, (batches * warm)[:warm], device, train_config.micro_batches, fixed,
+                autocast)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    sequences = train_steps(model, optimizer, tensors, batches, device, train_config.micro_batches, fixed,
+                autocast)
     train_seconds = time.perf_counter() - started
+    # This process's CPU time too: on a box shared with other jobs the wall clock measures the share of the
+    # cores it got, the CPU time (with one torch thread) what the steps cost.
+    train_cpu_seconds = time.process_time() - cpu_started
     inputs = validation_inputs(model, data, train_config, device)  # built once per run by the trainer
     started = time.perf_counter()
     validate(model, inputs)
@@ -131,6 +138,10 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
         **({"run": run} if run != name else {}),
         "train_sequences_per_second": round(per_second, 1),
         "epoch_seconds_estimate": round(len(tensors.lengths) / per_second, 1),
+        **({"train_sequences_per_cpu_second": round(sequences / train_cpu_seconds, 1),
+            "epoch_cpu_seconds_estimate": round(len(tensors.lengths) * train_cpu_seconds / sequences, 1)}
+           if device.type == "cpu" and train_cpu_seconds > 0 else {}),
+        "precision": precision_name(autocast),
         "validation_seconds": round(valid_seconds, 3),
         "first_validation_seconds": round(first_valid_seconds, 3),
         **({"cpu_allocator": "retain" if retained else "system"} if device.type == "cpu" else {}),
@@ -152,14 +163,17 @@ def profile(run: str, data: SequenceData, params, steps: int, device: torch.devi
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, 2 + steps, device,
                                                                   batch_size, cuda_graph)
     fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
+    autocast = training_autocast(train_config.precision, device)
     if fixed is not None:
         fixed.graphed = False
-    train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed)  # untimed
+    train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed,
+                autocast)  # untimed
     cuda = device.type == "cuda"
     kinds = torch.profiler.ProfilerActivity
     activities = [kinds.CPU, kinds.CUDA] if cuda else [kinds.CPU]
     with torch.profiler.profile(activities=activities) as prof:
-        n = train_steps(model, optimizer, tensors, batches[2:], device, train_config.micro_batches, fixed)
+        n = train_steps(model, optimizer, tensors, batches[2:], device, train_config.micro_batches, fixed,
+                autocast)
     measured = max(1, len(batches) - 2)
 
     def own_us(event) -> float:  # an operator's own time: its kernels' on a GPU, its CPU time on a CPU
