@@ -79,6 +79,8 @@ def test_unknown_key_is_named(raw, key):
         ({"train": [1, 2]}, "train"),
         ({"train": {"init": "hot"}}, "train.init"),
         ({"train": {"cpu_allocator": "jemalloc"}}, "train.cpu_allocator"),
+        ({"train": {"precision": "fp16"}}, "train.precision"),
+        ({"bert4rec": {"train": {"precision": "half"}}}, "bert4rec.train.precision"),
         ({"sasrec": {"train": {"init": "tepid"}}}, "sasrec.train.init"),
         ({"train": {"warm_cold_every": -1}}, "train.warm_cold_every"),
         ({"train": {"warm_max_catalogue_growth": -0.5}}, "train.warm_max_catalogue_growth"),
