@@ -153,6 +153,9 @@ BERT4REC_EMA_WARMUP_GRAPHED = f"{BERT4REC_EMA_GRAPHED},ema_warmup=true"
 BERT4REC_EMA_WARMUP_P80_GRAPHED = BERT4REC_EMA_WARMUP_GRAPHED.replace("patience=40", "patience=80")
 # Session 37 (no GPU lent): the same on the CPU, eagerly, at 0627de3 as the CPU claim rows (torch's masks).
 BERT4REC_P80 = BERT4REC_DEFAULT_RUN.replace("patience=40", "patience=80")
+# Sessions 42-43 (no GPU lent): the same at batch 64 — twice the optimiser steps an epoch at about the same CPU
+# cost an epoch (its validation leads patience 80's at batch 128 by 1.3-1.7 x in epochs); same-code.json.
+BERT4REC_P80_B64 = f"{BERT4REC_P80},batch_size=64"
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
@@ -340,6 +343,7 @@ CLAIMS = (
     (MOJITO_DEFAULT_RUN, SASREC_DEFAULT_RUN, 1.00, 3.0),
     (BERT4REC_DEFAULT_RUN, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_P80, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_P80_B64, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),  # sessions 10–28's defaults (lr 1e-3)
     (BERT4REC_LIS01, SASREC_DEFAULT_RUN, 0.90, 3.0),  # sessions 13–23's defaults (Bernoulli masking)
     (MOJITO_WIDE, SASREC_DEFAULT_RUN, 1.00, 3.0),
