@@ -312,26 +312,36 @@ _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size",
 # Train settings added after rows were stored, with the value that trains as before they existed: a stored
 # row without the key is read at that value, so that a row of a new setting cannot join the old rows of its
 # string unnoticed (the check below compares the keys both rows record). Add each new train key here.
-_BEFORE_THE_KEY = {"ema_warmup": False}
-# `train.precision` before the key: CUDA steps ran under bfloat16 autocast (what "auto" does there), CPU
-# steps in float32.
-_PRECISION_BEFORE = {"cuda": "auto", "cpu": "fp32"}
+_BEFORE_THE_KEY = {"ema_warmup": False, "precision": "auto"}  # auto: what ran before the key, on either device
 
 
-def before_the_key(row: dict) -> dict:
-    """The train settings a stored row trained with but predates the keys of (`_BEFORE_THE_KEY`)."""
-    cuda = row.get("train", {}).get("device") == "cuda" or "NVIDIA" in str(row.get("machine"))
-    on = "cuda" if cuda else "cpu"
-    return {**_BEFORE_THE_KEY, "precision": _PRECISION_BEFORE[on]}
+def precision_ran(row: dict) -> str:
+    """What a row's training step computed in, "bf16" or "fp32": its record of it where it has one, else its
+    `train.precision` (or the value before the key) read on the device it trained on — auto is bf16 on CUDA,
+    fp32 on a CPU (`recsys.device.training_autocast`) — so that `auto` and the precision it resolved to are
+    one setting."""
+    if row.get("precision") in ("bf16", "fp32"):
+        return row["precision"]
+    train = row.get("train") or {}
+    setting = train.get("precision", _BEFORE_THE_KEY["precision"])
+    if setting != "auto":
+        return setting
+    device = train.get("device", "auto")
+    if device == "auto":  # a finished row names its machine; a planned one runs on this one
+        device = ("cuda" if "NVIDIA" in str(row["machine"]) else "cpu") if "machine" in row else (
+            "cuda" if torch.cuda.is_available() else "cpu")
+    return "bf16" if device == "cuda" else "fp32"
 
 
 def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]]:
-    """`differing` over each model or train setting the two rows both record (a budget's aside)."""
+    """`differing` over each model or train setting the two rows both record (a budget's aside; the precision
+    as it ran, `precision_ran`)."""
     out = []
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
         if part == "train":
-            old = {**before_the_key(stored), **old}
+            old = {**_BEFORE_THE_KEY, **old, "precision": precision_ran(stored)}
+            now = {**now, "precision": precision_ran(new)} if "precision" in now else now
         free = _RERUN_FREE if part == "train" else frozenset()
         out += differing(old, now, sorted((old.keys() & now.keys()) - free))
     return out

@@ -95,7 +95,8 @@ def fixed_step(model, train_config, optimizer, tensors: TrainingTensors, batches
                all_positions: bool = False) -> FixedShapeStep | None:
     """The trainer's fixed-shape step when `train_config.cuda_graph`, its loss rows planned for `batches` as
     an epoch's (`all_positions`: the loss at every position, as before the plan: a comparison)."""
-    fixed = fixed_shape_step(model, model.name, model.config, train_config, optimizer, tensors, device)
+    fixed = fixed_shape_step(model, model.name, model.config, train_config, optimizer, tensors, device,
+                             autocast=training_autocast(train_config.precision, device))
     if fixed is not None and not all_positions:
         fixed.plan_epoch(batches, model.loss_positions(tensors.lengths))
     return fixed

@@ -45,6 +45,7 @@ BEFORE_THE_KEY = {
     "t.warm_keep": 1.0, "t.warm_min_epochs": 0, "t.init": "cold", "t.warm_cold_every": 5,
     "t.warm_max_catalogue_growth": 0.2, "t.lr_decay": 1.0, "t.lr_decay_patience": 5, "t.lr_scaling": "none",
     "t.lr_reference_batch": 128, "t.warmup_steps": 0,
+    "t.precision": "auto",        # what ran before the key: bf16 autocast on CUDA, float32 on a CPU
     "t.min_epochs": 0,            # no epoch floor
     "t.windows": "last",          # each user's newest max_len+1 events (RESULTS.md: the reference code's)
     "t.batching": "bucketed",     # the trainer's length-bucketed batches (RESULTS.md session 6)

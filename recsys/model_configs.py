@@ -317,11 +317,12 @@ class TrainConfig:
     cpu_allocator: Literal["retain", "system"] = "retain"
     # The training step's arithmetic (forward and loss; weights, gradients, Adam and the moving average stay
     # float32, and validation, test and serving always score in float32, where bfloat16's 8-bit mantissa would
-    # tie scores): "bf16" runs the step under bfloat16 autocast (matrix products in bfloat16, accumulated and
-    # normalised in float32); "fp32" in float32; "auto" is bf16 on CUDA with bf16 support, fp32 on a CPU
-    # (recsys.device.training_autocast). On a CPU with AVX512-BF16 or AMX, bf16 makes a step 1.5-2.1 x
-    # shorter (this project's AMD EPYC); it is asked for by name there until its quality is measured over
-    # seeds (benchmarks/RESULTS.md).
+    # tie scores): "bf16" runs the step under bfloat16 autocast (matrix products in bfloat16; the attention
+    # softmax and the loss's log-sum-exp in float32); "fp32" in float32; "auto" is bf16 on CUDA with bf16
+    # support, fp32 on a CPU (recsys.device.training_autocast). On a CPU with AVX512-BF16 or AMX, bf16 cuts a
+    # SASRec step's CPU time 1.86 x, MOJITO's 1.27 x, BERT4Rec's not at all at 8 micro-batches (this
+    # project's AMD EPYC); it is asked for by name there until its quality is measured over seeds
+    # (benchmarks/RESULTS.md, session 43).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
 
     @property

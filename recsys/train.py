@@ -159,9 +159,6 @@ def train_model(
     world = current_world()  # one process, or this rank under torchrun (recsys.distributed)
     device = world.device(cfg.device)
     retain_cpu_memory(cfg.cpu_allocator, device)  # on a CPU; speed only: the same numbers either way
-    autocast = training_autocast(cfg.precision, device)  # the step's arithmetic (None: float32)
-    log.info("model=%s device=%s precision=%s (train.precision=%s)", model_name, device.type,
-             precision_name(autocast), cfg.precision)
     data = SequenceData.from_prepared(prepared)
     fingerprint = prepared.fingerprint["fingerprint"]
     check_fits(model_name, model_config, data.n_items, data.n_users, device)  # before allocating it
@@ -177,13 +174,15 @@ def train_model(
 
     curve_path = curve_path if world.is_main else None  # only rank 0 writes
     scored = model  # what validation, the checkpoint and so the test score (train.ema: the weights' average)
+    autocast: torch.dtype | None = None  # the training step's (set below, for a model that trains)
 
     def checkpoint(epoch: int, valid: dict) -> None:
         if not world.is_main:
             return
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
                  "prepare": prepared.fingerprint.get("config"),  # how its data was split (warm_source.py)
-                 "train_until": weights_until(prepared.fingerprint.get("train_until"), init)}  # (held_out.py)
+                 "train_until": weights_until(prepared.fingerprint.get("train_until"), init),  # (held_out.py)
+                 "precision": precision_name(autocast)}  # what its steps computed in (train.precision resolved)
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,
@@ -203,6 +202,9 @@ def train_model(
         elapsed = time.perf_counter() - started
         return TrainResult(model_name, 0, valid, 0, elapsed, elapsed, 0.0, out_dir, "not_trainable")
 
+    autocast = training_autocast(cfg.precision, device)  # the step's arithmetic (None: float32)
+    log.info("model=%s device=%s precision=%s (train.precision=%s)", model_name, device.type,
+             precision_name(autocast), cfg.precision)
     max_len = int(model_config.max_len)
     spans = data.train_spans(max_len, cfg.windows)
     if len(spans) == 0:
@@ -213,7 +215,7 @@ def train_model(
     lr = cfg.effective_lr
     optimizer = make_optimizer(model, cfg, device)
     fixed = fixed_shape_step(model, model_name, model_config, cfg, optimizer, tensors, device,
-                             world.active)  # or refused
+                             world.active, autocast)  # or refused
     average = WeightAverage(model, cfg.ema, cfg.ema_warmup) if cfg.ema > 0 else None
     if average is not None:
         scored = average.module
@@ -391,7 +393,7 @@ def make_optimizer(model, cfg: TrainConfig, device: torch.device) -> torch.optim
 
 def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, optimizer,
                      tensors: TrainingTensors, device: torch.device,
-                     distributed: bool = False) -> FixedShapeStep | None:
+                     distributed: bool = False, autocast: torch.dtype | None = None) -> FixedShapeStep | None:
     """`train.cuda_graph`'s step for this run (recsys/step_graph.py), or None when the setting is off. Refused,
     before any training, where it cannot run: a model whose loss has a data-dependent shape, a data-parallel
     run, micro-batches."""
@@ -404,7 +406,7 @@ def fixed_shape_step(model, model_name: str, model_config, cfg: TrainConfig, opt
     if message is not None:
         raise ConfigError(message)
     return FixedShapeStep(model, optimizer, tensors, cfg.batch_size, grad_clip=cfg.grad_clip, device=device,
-                          autocast=training_autocast(cfg.precision, device))
+                          autocast=autocast)
 
 
 def within_budget(cfg: TrainConfig, seconds: float) -> bool:

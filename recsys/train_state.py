@@ -68,6 +68,8 @@ def run_key(model_name: str, model_config: Any, train_config: TrainConfig, finge
             init: dict | None = None) -> str:
     train = {k: v for k, v in dataclasses.asdict(train_config).items()
              if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
+    if train.get("precision") == "auto":  # what every run did before the key: a state saved then resumes
+        del train["precision"]
     key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
            "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run

@@ -107,7 +107,7 @@ def test_the_chunked_softmax_runs_its_products_in_the_cpus_autocast_dtype():
 
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "mojito"])
 def test_a_bf16_run_trains_records_its_precision_and_scores_in_float32(
-        name, tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, caplog):
+        name, tiny_prepared, tiny_sasrec_config, fast_train_config, tmp_path, caplog, monkeypatch):
     from recsys.checkpoint import load_model
     from recsys.config import load_params
     from recsys.train import validate, validation_inputs
@@ -115,13 +115,26 @@ def test_a_bf16_run_trains_records_its_precision_and_scores_in_float32(
     config = tiny_sasrec_config if name == "sasrec" else dataclasses.replace(
         load_params(ROOT / "params.yaml").model_config(name), dim=16, max_len=20, n_layers=1)
     cfg = dataclasses.replace(fast_train_config, precision="bf16", epochs=4)
+    import recsys.train
+
+    under_autocast = []
+    real_validate = recsys.train.validate
+
+    def watched(model, inputs):  # the trainer's own validation, each epoch: never under autocast
+        under_autocast.append(torch.is_autocast_enabled("cpu"))
+        return real_validate(model, inputs)
+
+    monkeypatch.setattr(recsys.train, "validate", watched)
     with caplog.at_level(logging.INFO, logger="recsys.train"):
-        result = train_model(name, config, cfg, tiny_prepared, tmp_path / "m", curve_path=tmp_path / "c.csv")
+        result = train_model(name, config, cfg, tiny_prepared, tmp_path / "m", curve_path=tmp_path / "c.csv",
+                             resume_root=tmp_path / "resume")
+    monkeypatch.undo()
+    assert under_autocast == [False] * 4
     assert f"model={name} device=cpu precision=bf16 (train.precision=bf16)" in caplog.text
     losses = [float(line.split(",")[1]) for line in (tmp_path / "c.csv").read_text().splitlines()[1:]]
     assert len(losses) == 4 and losses[-1] < losses[0]  # it learns
     model, meta = load_model(tmp_path / "m")
-    assert meta["train_config"]["precision"] == "bf16"
+    assert meta["train_config"]["precision"] == "bf16" and meta["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in model.state_dict().values() if t.is_floating_point())
     data = SequenceData.from_prepared(tiny_prepared)
     seen = []
@@ -149,12 +162,32 @@ def test_rows_stored_before_the_key_read_as_what_ran_then(tmp_path):
     with pytest.raises(SystemExit, match=r"seed 42 trained with other settings — precision='fp32' \(now 'bf16'\)"):
         merge([bf16], path)
     assert [r["seed"] for r in merge([{**bf16, "train": {**bf16["train"], "precision": "fp32"}}], path)] == [42, 43]
+    auto = {**cpu, "seed": 44, "train": {**cpu["train"], "seed": 44, "precision": "auto"}}  # fp32 on a CPU
+    assert [r["seed"] for r in merge([auto], path)] == [42, 43, 44]
     gpu_path = tmp_path / "gpu.json"
     gpu = {**cpu, "machine": "NVIDIA H100 80GB HBM3", "train": {**cpu["train"], "device": "cuda"}}
     merge([gpu], gpu_path)
     later = {**gpu, "seed": 43, "train": {**gpu["train"], "seed": 43, "precision": "auto"}}
-    assert [r["seed"] for r in merge([later], gpu_path)] == [42, 43]
+    named = {**gpu, "seed": 44, "train": {**gpu["train"], "seed": 44, "precision": "bf16"}}
+    assert [r["seed"] for r in merge([later, named], gpu_path)] == [42, 43, 44]
     assert json.loads(gpu_path.read_text())[1]["train"]["precision"] == "auto"
+    fp32 = {**gpu, "seed": 45, "train": {**gpu["train"], "seed": 45, "precision": "fp32"}}
+    with pytest.raises(SystemExit, match=r"precision='bf16' \(now 'fp32'\)"):
+        merge([fp32], gpu_path)
+
+
+def test_a_state_saved_before_the_key_keeps_its_run_key(tiny_sasrec_config, fast_train_config):
+    """`auto` is what every run did before `train.precision` existed: an interrupted run resumes across the
+    upgrade (its key is the key of the same settings without the field); a named precision is another run."""
+    from recsys.train_state import run_key
+
+    keys = {p: run_key("sasrec", tiny_sasrec_config, dataclasses.replace(fast_train_config, precision=p), "f")
+            for p in ("auto", "bf16", "fp32")}
+    assert len(set(keys.values())) == 3
+    fields = [(f.name, f.type) for f in dataclasses.fields(fast_train_config) if f.name != "precision"]
+    Before = dataclasses.make_dataclass("TrainConfigBeforePrecision", fields)  # the settings a state then had
+    before = Before(**{name: getattr(fast_train_config, name) for name, _ in fields})
+    assert run_key("sasrec", tiny_sasrec_config, before, "f") == keys["auto"]
 
 
 def test_the_fixed_shape_step_runs_in_the_precision_too(tiny_prepared, tiny_sasrec_config, fast_train_config,
@@ -176,5 +209,23 @@ def test_the_fixed_shape_step_runs_in_the_precision_too(tiny_prepared, tiny_sasr
     for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         seen.clear()
         cfg = dataclasses.replace(fast_train_config, precision=precision, cuda_graph=True, epochs=2)
-        result = train_model("sasrec", tiny_sasrec_config, cfg, tiny_prepared, tmp_path / precision)
+        result = train_model("sasrec", tiny_sasrec_config, cfg, tiny_prepared, tmp_path / precision,
+                             resume_root=tmp_path / f"resume-{precision}")
         assert result.epochs_run == 2 and seen and set(seen) == {dtype}
+
+
+def test_attention_weights_are_normalised_in_float32_under_cpu_autocast(monkeypatch):
+    """CPU autocast leaves softmax in bf16 (CUDA's runs it in float32): the CPU dropout path normalises the
+    scores in float32, so each row of weights sums to 1 to float32's precision before the dropout."""
+    from recsys.models import blocks
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 8).bfloat16() for _ in range(3))
+    mask = torch.ones(2, 1, 7, 7, dtype=torch.bool)
+    caught = []
+    monkeypatch.setattr(blocks, "dropout", lambda w, p, training: caught.append(w) or w)  # the weights, kept
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = blocks.attend_with_dropout(q, k, v, mask, 0.1)
+    assert caught[0].dtype == torch.float32
+    assert torch.allclose(caught[0].sum(-1), torch.ones(2, 2, 7), atol=1e-6)
+    assert out.dtype == torch.bfloat16  # the weighted sum is a product: bf16 under autocast

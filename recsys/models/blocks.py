@@ -64,8 +64,9 @@ def attend_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     softmax, dropout on the weights, weighted sum), with the weights' mask drawn by `dropout`
     (models/dropout.py: SDPA's own draws one Mersenne-Twister float per weight, B·H·L² of them)."""
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, Lq, L)
-    weights = torch.softmax(scores.masked_fill(~attn_mask, float("-inf")), dim=-1)
-    return dropout(weights, p, True) @ v
+    # float32 even under CPU autocast (which leaves softmax in bf16; CUDA's runs it in float32): a no-op else
+    weights = torch.softmax(scores.float().masked_fill(~attn_mask, float("-inf")), dim=-1)
+    return dropout(weights, p, True).to(v.dtype) @ v
 
 
 class FeedForward(nn.Module):

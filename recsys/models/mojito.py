@@ -117,7 +117,7 @@ class MixtureAttention(nn.Module):
         w2, b2 = self.mix2.weight * scale, self.mix2.bias * scale
         s = torch.einsum("hg,bgn->bhn", w2.to(s.dtype), F.relu(s).view(B, H, Lq * Lk)) + b2.to(s.dtype)[:, None]
         s = s.view(B, H, Lq, Lk).masked_fill(~mask, float("-inf"))
-        p = self.attn_dropout(torch.softmax(s, dim=-1))
+        p = self.attn_dropout(torch.softmax(s.float(), dim=-1)).to(s.dtype)  # float32 as on CUDA (a no-op else)
         v = self.value(kv_seq).view(B, Lk, H, D2 // H).transpose(1, 2)  # (B, H, Lk, 2d/H)
         return (p @ v).transpose(1, 2).reshape(B, Lq, D2)
 
