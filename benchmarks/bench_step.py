@@ -92,11 +92,12 @@ def step_setup(run: str, data: SequenceData, params, n_batches: int | None, devi
 
 
 def fixed_step(model, train_config, optimizer, tensors: TrainingTensors, batches: list, device: torch.device,
-               all_positions: bool = False) -> FixedShapeStep | None:
+               all_positions: bool = False, autocast: torch.dtype | None = None) -> FixedShapeStep | None:
     """The trainer's fixed-shape step when `train_config.cuda_graph`, its loss rows planned for `batches` as
-    an epoch's (`all_positions`: the loss at every position, as before the plan: a comparison)."""
+    an epoch's (`all_positions`: the loss at every position, as before the plan: a comparison), run under
+    `autocast` (the run's `train.precision`, `recsys.device.training_autocast`)."""
     fixed = fixed_shape_step(model, model.name, model.config, train_config, optimizer, tensors, device,
-                             autocast=training_autocast(train_config.precision, device))
+                             autocast=autocast)
     if fixed is not None and not all_positions:
         fixed.plan_epoch(batches, model.loss_positions(tensors.lengths))
     return fixed
@@ -113,7 +114,7 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
     # As the trainer does; process-wide, so a run string's `cpu_allocator=system` after a retaining run in the
     # same process still retains (the row says which it had).
     retained = retain_cpu_memory(train_config.cpu_allocator, device)
-    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
+    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions, autocast)
     # Untimed steps and one untimed validation first: a run pays kernel selection, allocator growth, (on a
     # GPU) library start-up and a graph's capture once, not per epoch.
     warm = 2 + (EAGER_BEFORE_CAPTURE if cuda_graph else 0)
@@ -121,7 +122,7 @@ def measure(run: str, data: SequenceData, params, n_batches: int, device: torch.
                 autocast)
     started, cpu_started = time.perf_counter(), time.process_time()
     sequences = train_steps(model, optimizer, tensors, batches, device, train_config.micro_batches, fixed,
-                autocast)
+                            autocast)
     train_seconds = time.perf_counter() - started
     # This process's CPU time too: on a box shared with other jobs the wall clock measures the share of the
     # cores it got, the CPU time (with one torch thread) what the steps cost.
@@ -163,8 +164,8 @@ def profile(run: str, data: SequenceData, params, steps: int, device: torch.devi
     graph's kernels, each launched by the host), so the profiler sees every kernel."""
     train_config, model, optimizer, tensors, batches = step_setup(run, data, params, 2 + steps, device,
                                                                   batch_size, cuda_graph)
-    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions)
     autocast = training_autocast(train_config.precision, device)
+    fixed = fixed_step(model, train_config, optimizer, tensors, batches, device, all_positions, autocast)
     if fixed is not None:
         fixed.graphed = False
     train_steps(model, optimizer, tensors, batches[:2], device, train_config.micro_batches, fixed,
@@ -174,7 +175,7 @@ def profile(run: str, data: SequenceData, params, steps: int, device: torch.devi
     activities = [kinds.CPU, kinds.CUDA] if cuda else [kinds.CPU]
     with torch.profiler.profile(activities=activities) as prof:
         n = train_steps(model, optimizer, tensors, batches[2:], device, train_config.micro_batches, fixed,
-                autocast)
+                        autocast)
     measured = max(1, len(batches) - 2)
 
     def own_us(event) -> float:  # an operator's own time: its kernels' on a GPU, its CPU time on a CPU

@@ -1,8 +1,8 @@
 """Which torch device a stage runs on (`train.device` in params.yaml), and what a device that cannot run
 the configuration tells a person: no CUDA where `cuda` was asked for, or memory running out. Both are
 `DeviceError`s — user errors (`recsys.entry`): one line naming the setting to change, no retry. Also how the
-C allocator treats the memory a CPU step frees (`train.cpu_allocator`, `retain_cpu_memory`), and what a training step
-computes in (`train.precision`, `training_autocast`)."""
+C allocator treats the memory a CPU step frees (`train.cpu_allocator`, `retain_cpu_memory`), and what a
+training step computes in (`train.precision`, `training_autocast`)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,20 @@ def training_autocast(precision: str, device: torch.device) -> torch.dtype | Non
 def precision_name(dtype: torch.dtype | None) -> str:
     """What a step ran in, as benchmark rows and logs record it: "bf16" or "fp32"."""
     return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
+def step_precision(model_name: str, precision: str, device: torch.device) -> torch.dtype | None:
+    """`training_autocast` for one model's run, said once in the log: what its steps compute in."""
+    dtype = training_autocast(precision, device)
+    log.info("model=%s device=%s precision=%s (train.precision=%s)", model_name, device.type,
+             precision_name(dtype), precision)
+    return dtype
+
+
+def step_autocast(device: torch.device, dtype: torch.dtype | None, cache_enabled: bool | None = None):
+    """The context a training step's forward pass and loss run in: autocast to `dtype`, or none (float32)."""
+    return torch.autocast(device_type=device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None,
+                          cache_enabled=cache_enabled)
 
 
 # glibc's mallopt(3) parameters.

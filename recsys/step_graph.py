@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from recsys.config import ConfigError
+from recsys.device import step_autocast
 from recsys.sequences import TrainingTensors
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,7 @@ class FixedShapeStep:
         real = self.real[:, None]  # a padding row becomes all padding: no input, no target, no masked position
         batch = replace(batch, items=batch.items * real, targets=batch.targets * real, fixed_shape=True,
                         loss_rows=self.loss_rows)
-        # No autocast cache across a capture (PyTorch's notes).
-        with torch.autocast(device_type=device.type, dtype=self.autocast or torch.bfloat16,
-                            enabled=self.autocast is not None, cache_enabled=False):
+        with step_autocast(device, self.autocast, cache_enabled=False):  # no cache across a capture
             loss = model.loss(batch)
         loss.backward()
         if self.grad_clip > 0:

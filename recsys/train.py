@@ -27,7 +27,8 @@ import torch
 
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError
-from recsys.device import out_of_memory_as_error, precision_name, retain_cpu_memory, training_autocast
+from recsys.device import (out_of_memory_as_error, precision_name, retain_cpu_memory, step_autocast,
+                           step_precision)
 from recsys.distributed import current_world
 from recsys.entry import model_stage_args
 from recsys.faults import fault_point
@@ -114,8 +115,7 @@ def optimiser_step(model, loss_fn, optimizer, tensors: TrainingTensors, rows: to
     total = torch.zeros((), device=device)
     for start, stop, width, weight in micro:
         batch = tensors.batch(rows[start:stop], width)
-        with torch.autocast(device_type=device.type, dtype=autocast or torch.bfloat16,
-                            enabled=autocast is not None):
+        with step_autocast(device, autocast):
             loss = loss_fn(batch)
         (loss * weight).backward()
         total += loss.detach() * weight
@@ -174,7 +174,7 @@ def train_model(
 
     curve_path = curve_path if world.is_main else None  # only rank 0 writes
     scored = model  # what validation, the checkpoint and so the test score (train.ema: the weights' average)
-    autocast: torch.dtype | None = None  # the training step's (set below, for a model that trains)
+    autocast = step_precision(model_name, cfg.precision, device) if model.trainable else None  # None: fp32
 
     def checkpoint(epoch: int, valid: dict) -> None:
         if not world.is_main:
@@ -182,7 +182,7 @@ def train_model(
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
                  "prepare": prepared.fingerprint.get("config"),  # how its data was split (warm_source.py)
                  "train_until": weights_until(prepared.fingerprint.get("train_until"), init),  # (held_out.py)
-                 "precision": precision_name(autocast)}  # what its steps computed in (train.precision resolved)
+                 "precision": precision_name(autocast)}  # what its steps computed in
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,
@@ -202,9 +202,6 @@ def train_model(
         elapsed = time.perf_counter() - started
         return TrainResult(model_name, 0, valid, 0, elapsed, elapsed, 0.0, out_dir, "not_trainable")
 
-    autocast = training_autocast(cfg.precision, device)  # the step's arithmetic (None: float32)
-    log.info("model=%s device=%s precision=%s (train.precision=%s)", model_name, device.type,
-             precision_name(autocast), cfg.precision)
     max_len = int(model_config.max_len)
     spans = data.train_spans(max_len, cfg.windows)
     if len(spans) == 0:

@@ -125,7 +125,7 @@ def test_a_bf16_run_trains_records_its_precision_and_scores_in_float32(
         return real_validate(model, inputs)
 
     monkeypatch.setattr(recsys.train, "validate", watched)
-    with caplog.at_level(logging.INFO, logger="recsys.train"):
+    with caplog.at_level(logging.INFO, logger="recsys.device"):
         result = train_model(name, config, cfg, tiny_prepared, tmp_path / "m", curve_path=tmp_path / "c.csv",
                              resume_root=tmp_path / "resume")
     monkeypatch.undo()
