@@ -156,6 +156,11 @@ BERT4REC_P80 = BERT4REC_DEFAULT_RUN.replace("patience=40", "patience=80")
 # Sessions 42-43 (no GPU lent): the same at batch 64 — twice the optimiser steps an epoch at about the same CPU
 # cost an epoch (its validation leads patience 80's at batch 128 by 1.3-1.7 x in epochs); same-code.json.
 BERT4REC_P80_B64 = f"{BERT4REC_P80},batch_size=64"
+# Session 44 (no GPU lent): both on a fixed budget with the rate annealed to 0 (no patience tail; annealing
+# should lift batch 64's lower plateau): batch 128 over 450 epochs (patience 80's seed-42 best came at 537),
+# batch 64 over 350 (its constant-rate bests came at 264-348); seed 42 each, one a core.
+BERT4REC_COS450 = _budget(BERT4REC_P80, 450, 0.003)
+BERT4REC_B64_COS350 = _budget(BERT4REC_P80_B64, 350, 0.003)
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (
