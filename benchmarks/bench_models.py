@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -222,9 +223,17 @@ def check_finished(row: dict, path: Path, run: str, dataset: str, params, max_mi
                           path, "use a new --work-dir or delete that file to train this run again")
 
 
+NAME_CHARS = 200  # a run's file name beyond this is cut and told apart by a hash (file systems stop at 255 bytes)
+
+
 def safe_name(run: str) -> str:
-    """A run as a file name: `sasrec:ce@patience=20` → `sasrec-ce-patience-20`."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", run)
+    """A run as a file name: `sasrec:ce@patience=20` → `sasrec-ce-patience-20`; a longer name than NAME_CHARS
+    keeps its first characters and ends in a hash of the whole run string, so that the work dir's temporary
+    directories (`.<name>-seed<N>-<random>`) and files stay within a file name's 255 bytes."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", run)
+    if len(name) <= NAME_CHARS:
+        return name
+    return f"{name[:NAME_CHARS - 17]}-{hashlib.sha256(run.encode()).hexdigest()[:16]}"
 
 
 def run_dir_name(run: str, seed: int) -> str:

@@ -381,6 +381,24 @@ def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path)
     assert not temporary.exists()
 
 
+def test_a_long_run_string_gets_a_work_dir_name_a_file_system_takes(tmp_path):
+    """A budget run on BERT4Rec's long string made a 258-byte temporary directory name (OSError 36, session 44):
+    long names are cut and end in a hash of the whole string; short ones keep their names (kept work dirs)."""
+    import tempfile
+
+    from bench_models import run_dir_name, safe_name
+
+    assert safe_name("sasrec:ce@patience=20") == "sasrec-ce-patience-20"
+    long_run = curves.BERT4REC_B64_COS350
+    other = long_run.replace("epochs=350", "epochs=351")
+    name = run_dir_name(long_run, 42)
+    assert len(safe_name(long_run)) == 200 and name != run_dir_name(other, 42)
+    assert safe_name(long_run) == safe_name(long_run)  # the same string finds its resume state again
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=tmp_path))  # what bench_models' save does
+    (tmp / f"{name}.csv").write_text("epoch\n")
+    assert tmp.is_dir()
+
+
 def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_path):
     from bench_models import check_finished, run_configs
 
