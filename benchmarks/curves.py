@@ -292,7 +292,11 @@ def sharing(r: dict) -> int:
 
 
 def converged(r: dict) -> bool:
-    return r["stopped_by"] == "early_stopping"
+    """Early stopping ended the run, or it trained every epoch of a rate annealed over them (a budget run:
+    `lr_schedule` cosine or linear, `patience` ≥ `epochs`), which is its whole schedule, not one cut short; a
+    constant-rate run that hit `train.epochs` or the clock is not."""
+    return r["stopped_by"] == "early_stopping" or (
+        r["stopped_by"] == "max_epochs" and r["train"].get("lr_schedule", "constant") != "constant")
 
 
 # Issue 11's SASRec targets (test NDCG@10, mean of ≥ 3 seeds) and the peer's figure under our protocol

@@ -381,6 +381,18 @@ def test_a_kept_work_dir_survives_the_run_and_a_temporary_one_does_not(tmp_path)
     assert not temporary.exists()
 
 
+def test_a_budget_run_that_trained_its_whole_schedule_counts_as_converged():
+    """The claims mark a comparison "not converged" when a side might have gone on learning: a constant rate
+    cut by train.epochs or the clock; a rate annealed to its end over train.epochs is a finished schedule."""
+    row = {"stopped_by": "max_epochs", "train": {"lr_schedule": "cosine"}}
+    assert curves.converged(row)
+    assert curves.converged({**row, "train": {"lr_schedule": "linear"}})
+    assert not curves.converged({**row, "train": {"lr_schedule": "constant"}})
+    assert not curves.converged({**row, "train": {}})  # rows stored before the key trained a constant rate
+    assert not curves.converged({"stopped_by": "time_limit", "train": {"lr_schedule": "cosine"}})
+    assert curves.converged({"stopped_by": "early_stopping", "train": {}})
+
+
 def test_a_long_run_string_gets_a_work_dir_name_a_file_system_takes(tmp_path):
     """A budget run on BERT4Rec's long string made a 258-byte temporary directory name (OSError 36, session 44):
     long names are cut and end in a hash of the whole string; short ones keep their names (kept work dirs)."""
