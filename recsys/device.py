@@ -37,10 +37,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-# /proc/cpuinfo flags of x86 CPUs that compute bfloat16 products natively (oneDNN's bf16 kernels): AVX512-BF16
-# (AMD Zen 4+, Intel Cooper Lake+) and AMX (Intel Sapphire Rapids+). Without them torch emulates bf16 on a
-# CPU, which is slower than float32.
-NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# /proc/cpuinfo flags of CPUs that compute bfloat16 products natively (oneDNN's bf16 kernels): on x86 (`flags`)
+# AVX512-BF16 (AMD Zen 4+, Intel Cooper Lake+) and AMX (Intel Sapphire Rapids+); on Arm (`Features`) the
+# Armv8.6 BF16 extension (Neoverse V1/N2, AWS Graviton 3+). Without them torch emulates bf16 on a CPU, which
+# is slower than float32.
+NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+CPUINFO_FLAG_LINES = ("flags", "Features")  # x86, Arm
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,7 +53,7 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     except OSError:
         return False
     for line in text.splitlines():
-        if line.startswith("flags"):
+        if line.startswith(CPUINFO_FLAG_LINES):
             return bool(NATIVE_BF16_CPU_FLAGS & set(line.partition(":")[2].split()))
     return False
 
@@ -68,8 +70,8 @@ def training_autocast(precision: str, device: torch.device) -> torch.dtype | Non
             raise DeviceError(f"train.precision is 'bf16' but {torch.cuda.get_device_name(device)} has no "
                               "bfloat16 support: set train.precision to auto or fp32")
         if device.type == "cpu" and not cpu_has_native_bf16():
-            log.warning("train.precision=bf16 on a CPU without AVX512-BF16 or AMX: torch emulates bfloat16 "
-                        "there, slower than float32; set train.precision to auto or fp32")
+            log.warning("train.precision=bf16 on a CPU without AVX512-BF16, AMX or Arm BF16: torch emulates "
+                        "bfloat16 there, slower than float32; set train.precision to auto or fp32")
         return torch.bfloat16
     return torch.bfloat16 if cuda_bf16 else None
 

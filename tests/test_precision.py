@@ -27,10 +27,13 @@ CPU = torch.device("cpu")
     ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),  # AMD Zen 4, Intel Cooper Lake
     ("fpu sse2 avx2 avx512f amx_bf16 amx_tile", True),  # Intel Sapphire Rapids
     ("fpu sse2 avx2 avx512f avx512bw", False),  # AVX-512 without bf16 products: torch would emulate them
+    ("Features: fp asimd evtstrm aes sha3 sve i8mm bf16 rng", True),  # Arm Neoverse V1 (Graviton 3)
+    ("Features: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics", False),  # Arm Neoverse N1 (Graviton 2)
 ])
 def test_native_bf16_is_read_from_the_cpus_flags(tmp_path, flags, native):
     info = tmp_path / "cpuinfo"
-    info.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    line = flags if flags.startswith("Features") else f"flags\t\t: {flags}"
+    info.write_text(f"processor\t: 0\nmodel name\t: Some CPU\n{line}\n\nprocessor\t: 1\n")
     assert cpu_has_native_bf16.__wrapped__(str(info)) is native
     assert cpu_has_native_bf16.__wrapped__(str(tmp_path / "absent")) is False  # not Linux: no bf16 by auto
 
