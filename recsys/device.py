@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -154,6 +155,70 @@ def is_out_of_memory(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
 
 
+# Where Linux says which control groups this process is in, and where their files are mounted.
+PROC_CGROUP, CGROUP_ROOT = "/proc/self/cgroup", "/sys/fs/cgroup"
+_NO_LIMIT = 2 ** 62  # cgroup v1 writes "no limit" as a number near 2^63
+
+
+def _read_int(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        text = path.read_text().strip()
+        return None if text == "max" else int(text)
+    return None
+
+
+def _stat(path: Path, key: str) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    return 0
+
+
+def cgroup_memory(proc_cgroup: str | None = None, root: str | None = None) -> tuple[int, int] | None:
+    """(available, limit) bytes under the tightest memory limit of this process's control group and the groups
+    above it (a container's or a Kubernetes pod's limit, which /proc/meminfo does not show: past it the kernel
+    kills the process without a word); available = limit − use, less the reclaimable page cache. None where
+    no group sets a limit (cgroup v2's memory.max, v1's memory.limit_in_bytes) or none can be read."""
+    root = root or CGROUP_ROOT
+    try:
+        lines = Path(proc_cgroup or PROC_CGROUP).read_text().splitlines()
+    except OSError:
+        return None
+    tightest = None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # cgroup v2, the unified hierarchy
+            base, files = Path(root), ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # cgroup v1's memory controller
+            base, files = Path(root) / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                  "total_inactive_file")
+        else:
+            continue
+        group = base / path.strip("/")
+        # Inside a container's cgroup namespace the group is the mount's root; walk up to it either way.
+        for level in [group, *group.parents]:
+            if len(level.parts) < len(base.parts):
+                break
+            limit, used = _read_int(level / files[0]), _read_int(level / files[1])
+            if limit is None or used is None or limit >= _NO_LIMIT:
+                continue
+            free = max(limit - max(used - _stat(level / "memory.stat", files[2]), 0), 0)
+            if tightest is None or free < tightest[0]:
+                tightest = (free, limit)
+    return tightest
+
+
+def _meminfo() -> dict[str, int]:
+    info = {}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info[key] = int(value.split()[0]) * 1024 if value.split() else 0
+    return info
+
+
 def memory_text(device: torch.device | str) -> str:
     """'<device> (F of T GiB free)': what the message's reader compares the settings with."""
     device = torch.device(device)
@@ -161,11 +226,10 @@ def memory_text(device: torch.device | str) -> str:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return f"{torch.cuda.get_device_name(device)} ({free / gib:.1f} of {total / gib:.1f} GiB free)"
-    info = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info[key] = int(value.split()[0]) * 1024 if value.split() else 0
+    info, group = _meminfo(), cgroup_memory()
+    if group is not None and group[0] < info.get("MemAvailable", group[0] + 1):
+        return (f"the CPU ({group[0] / gib:.1f} of its {group[1] / gib:.1f} GiB control-group (container) limit "
+                "available)")
     if "MemAvailable" in info and "MemTotal" in info:
         return f"the CPU ({info['MemAvailable'] / gib:.1f} of {info['MemTotal'] / gib:.1f} GiB available)"
     return "the CPU"
@@ -176,15 +240,13 @@ TRAINING_BYTES_PER_PARAMETER = 16
 
 
 def available_bytes(device: torch.device | str) -> int | None:
-    """Memory a new allocation can take now: CUDA's free memory, a CPU's MemAvailable; None if unknown."""
+    """Memory a new allocation can take now: CUDA's free memory; a CPU's MemAvailable, or less where a control
+    group's limit (a container's) leaves less (`cgroup_memory`); None if unknown."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
+    known = [v for v in (_meminfo().get("MemAvailable"), (cgroup_memory() or (None,))[0]) if v is not None]
+    return min(known) if known else None
 
 
 def check_parameters_fit(n_parameters: int, device: torch.device | str, what: str, advice: str) -> None:
@@ -192,12 +254,24 @@ def check_parameters_fit(n_parameters: int, device: torch.device | str, what: st
     Adam's moments — exceed the device's available memory: allocating it would fail part-way (or, on a CPU
     that overcommits, be killed without a word). `what` names the model with the sizes that matter,
     `advice` the settings to lower."""
-    need = n_parameters * TRAINING_BYTES_PER_PARAMETER
+    device = torch.device(device)
+    copies = local_processes() if device.type == "cpu" else 1  # each GPU rank has a device of its own
+    need = n_parameters * TRAINING_BYTES_PER_PARAMETER * copies
     have = available_bytes(device)
     if have is not None and need > have:
         gib = 2.0 ** 30
+        each = f" ({copies} processes on this machine, a copy each)" if copies > 1 else ""
         raise DeviceError(f"{what} has {n_parameters:,} parameters: training needs {need / gib:.1f} GiB for them, "
-                          f"their gradients and Adam's moments, more than {memory_text(device)} holds; {advice}")
+                          f"their gradients and Adam's moments{each}, more than {memory_text(device)} holds; "
+                          f"{advice}")
+
+
+def local_processes() -> int:
+    """How many training processes share this machine: torchrun's LOCAL_WORLD_SIZE (data-parallel CPU ranks
+    each hold the whole model in the same memory), else 1."""
+    with contextlib.suppress(ValueError):
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return 1
 
 
 @contextlib.contextmanager

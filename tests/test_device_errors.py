@@ -15,6 +15,8 @@ from recsys.device import DeviceError, is_out_of_memory, out_of_memory_as_error,
 from recsys.entry import is_transient, is_user_error
 from recsys.train import TrainingError, train_model
 
+# What the CPU has: the machine's memory, or a container's limit where one is tighter (recsys.device.cgroup_memory)
+CPU_MEMORY = r"\([0-9.]+ of (?:its )?[0-9.]+ GiB (?:control-group \(container\) limit )?available\)"
 IMPOSSIBLE = 10**13  # float32 elements: 40 TB, refused by the allocator at once (no memory is touched)
 
 
@@ -26,8 +28,7 @@ def test_running_out_of_memory_becomes_one_line_naming_the_setting():
             torch.empty(IMPOSSIBLE)
     message = str(caught.value)
     assert re.fullmatch(r"out of memory training sasrec \(128 sequences a step\) on the CPU "
-                        r"\([0-9.]+ of [0-9.]+ GiB available\): lower train.batch_size \(now 128\)",
-                        message), message
+                        rf"{CPU_MEMORY}: lower train.batch_size \(now 128\)", message), message
     assert is_out_of_memory(caught.value.__cause__)  # the allocator's own error stays for --verbose
     assert is_user_error(caught.value) and not is_transient(caught.value)
 
@@ -43,7 +44,7 @@ def test_ranking_out_of_memory_names_the_scoring_batch_and_its_setting(tiny_sasr
         with scoring_memory(model, 0, "evaluate.batch_size", "cpu", "test"):
             torch.empty(IMPOSSIBLE)
     assert re.fullmatch(r"out of memory ranking the test split \(512 users a batch × 31 items\) on the CPU "
-                        r"\([0-9.]+ of [0-9.]+ GiB available\): set evaluate.batch_size below 512 "
+                        rf"{CPU_MEMORY}: set evaluate.batch_size below 512 "
                         r"\(now 0 = auto\)", str(caught.value)), str(caught.value)
 
 
@@ -110,7 +111,85 @@ def test_a_model_too_large_to_train_is_refused_before_it_is_allocated(tiny_prepa
     assert n_parameters and int(n_parameters.group(1).replace(",", "")) > 6 * 2**40, last  # a block's 6d²
     assert last.startswith("error: sasrec (dim 1,048,576, n_layers 1, max_len 20; "
                            f"{tiny_prepared.n_items:,} items, {tiny_prepared.n_users:,} users) has "), last
-    assert re.search(r"GiB for them, their gradients and Adam's moments, more than the CPU \([0-9.]+ of [0-9.]+ "
-                     r"GiB available\) holds; lower sasrec.dim \(now 1,048,576\) or sasrec.n_layers \(now 1\), or "
+    assert re.search(rf"GiB for them, their gradients and Adam's moments, more than the CPU {CPU_MEMORY} "
+                     r"holds; lower sasrec.dim \(now 1,048,576\) or sasrec.n_layers \(now 1\), or "
                      r"train on a device with more memory \(train.device\)$", last), last
     assert not (tmp_path / "artifacts" / "models" / "sasrec").exists()
+
+
+GIB = 2**30
+
+
+def _cgroup_v2(tmp_path, path: str, groups: dict[str, tuple[str, int, int]]):
+    """A cgroup v2 tree under tmp_path: {group: (memory.max, memory.current, inactive_file)}."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cgroup").write_text(f"0::{path}\n")
+    for group, (limit, used, inactive) in groups.items():
+        d = tmp_path / "fs" / group
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.max").write_text(f"{limit}\n")
+        (d / "memory.current").write_text(f"{used}\n")
+        (d / "memory.stat").write_text(f"anon 1\ninactive_file {inactive}\nactive_file 7\n")
+    return str(tmp_path / "cgroup"), str(tmp_path / "fs")
+
+
+def test_a_containers_memory_limit_is_read_from_its_control_groups(tmp_path):
+    """A pod's limit (cgroup v2): the tightest group above the process counts, its reclaimable page cache
+    does not; cgroup v1's memory controller likewise; no limit anywhere, or no /proc file: None."""
+    from recsys.device import cgroup_memory
+
+    proc, root = _cgroup_v2(tmp_path / "v2", "/kubepods/pod1/c1", {
+        "kubepods": (str(4 * GIB), 3 * GIB, GIB), "kubepods/pod1": ("max", 3 * GIB, 0),
+        "kubepods/pod1/c1": (str(8 * GIB), GIB, 0)})
+    assert cgroup_memory(proc, root) == (2 * GIB, 4 * GIB)  # 4 GiB − (3 − 1 reclaimable) beats 8 − 1
+    proc, root = _cgroup_v2(tmp_path / "ns", "/", {"": (str(GIB), GIB // 4, 0)})  # a container's namespace
+    assert cgroup_memory(proc, root) == (3 * GIB // 4, GIB)
+    proc, root = _cgroup_v2(tmp_path / "none", "/user.slice", {"user.slice": ("max", GIB, 0)})
+    assert cgroup_memory(proc, root) is None
+    v1 = tmp_path / "v1"
+    group = v1 / "fs" / "memory" / "docker" / "abc"
+    group.mkdir(parents=True)
+    (v1 / "cgroup").write_text("9:name=systemd:/\n4:memory:/docker/abc\n3:cpuset:/\n0::/\n")
+    (group / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
+    (group / "memory.usage_in_bytes").write_text(f"{3 * GIB // 2}\n")
+    (group / "memory.stat").write_text(f"cache 5\ntotal_inactive_file {GIB // 2}\n")
+    assert cgroup_memory(str(v1 / "cgroup"), str(v1 / "fs")) == (GIB, 2 * GIB)
+    (group / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert cgroup_memory(str(v1 / "cgroup"), str(v1 / "fs")) is None
+    assert cgroup_memory(str(tmp_path / "absent"), root) is None  # not Linux
+
+
+def test_a_model_over_the_containers_limit_is_refused_naming_the_limit(tmp_path, monkeypatch):
+    """/proc/meminfo shows the host's memory inside a container; the parameter check reads the group's limit,
+    so a model past it is refused in one line instead of the kernel killing the stage without a word."""
+    from recsys import device
+
+    proc, root = _cgroup_v2(tmp_path, "/", {"": (str(GIB), GIB // 2, 0)})
+    monkeypatch.setattr(device, "PROC_CGROUP", proc)
+    monkeypatch.setattr(device, "CGROUP_ROOT", root)
+    assert device.available_bytes("cpu") == GIB // 2
+    device.check_parameters_fit(GIB // 2 // 16, "cpu", "small", "lower it")  # exactly fits: no error
+    with pytest.raises(DeviceError) as caught:
+        device.check_parameters_fit(GIB // 16, "cpu", "sasrec (dim 9)", "lower sasrec.dim (now 9)")
+    assert str(caught.value) == ("sasrec (dim 9) has 67,108,864 parameters: training needs 1.0 GiB for them, their "
+                                 "gradients and Adam's moments, more than the CPU (0.5 of its 1.0 GiB control-group "
+                                 "(container) limit available) holds; lower sasrec.dim (now 9)")
+
+
+def test_data_parallel_cpu_ranks_on_one_machine_each_count_a_copy(tmp_path, monkeypatch):
+    """torchrun's ranks on one CPU machine share its memory, each with the whole model: a model that fits once
+    but not LOCAL_WORLD_SIZE times is refused, saying so."""
+    from recsys import device
+
+    proc, root = _cgroup_v2(tmp_path, "/", {"": (str(GIB), 0, 0)})
+    monkeypatch.setattr(device, "PROC_CGROUP", proc)
+    monkeypatch.setattr(device, "CGROUP_ROOT", root)
+    n = GIB // 16 // 3  # a third of the limit
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    device.check_parameters_fit(n, "cpu", "m", "lower it")  # three copies fit
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(DeviceError, match=r"training needs 1\.3 GiB for them, their gradients and Adam's moments "
+                                          r"\(4 processes on this machine, a copy each\), more than the CPU "):
+        device.check_parameters_fit(n, "cpu", "m", "lower it")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert device.local_processes() == 1
