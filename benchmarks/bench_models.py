@@ -269,7 +269,8 @@ def run_one(run: str, prepared, prepared_dir: Path, work: Path, params, max_minu
     root = resume_root(work, run, train_config.seed)
     others = [path for path in sorted((work / "resume").glob("*")) if path.is_dir() and path != root]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=work / f"{out.name}.csv",
-                         resume_root=root, keep_final_state=True, adopt_from=others)
+                         resume_root=root, keep_final_state=True, adopt_from=others,
+                         mask_seen=params.evaluate.mask_seen)
     resolved = resolve_device(device)
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=str(resolved))
     return {

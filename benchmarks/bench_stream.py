@@ -202,7 +202,8 @@ def _train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Pat
         return {**row, "resumed": True}, out
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=out.with_suffix(".csv"),
-                         resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir)
+                         resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir,
+                         mask_seen=params.evaluate.mask_seen)
     device = str(resolve_device(args.device))
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=device)
     # Validation per user (the split that selected the epoch) for the by-activity diagnostic; seconds.

@@ -123,9 +123,11 @@ class PrepareConfig:
 class EvaluateConfig:
     ks: tuple[int, ...] = (5, 10, 20)
     batch_size: int = 0  # targets per scoring batch; 0 = auto, as train.eval_batch_size
-    # Sampled metrics are a labelled extra for comparison with papers; 0 disables them.
-    sampled_negatives: int = 0
+    sampled_negatives: int = 0  # > 0: a labelled extra of sampled metrics, for comparison with papers only
     seed: int = 0
+    # A user's own items ruled out of validation, test (a repeated target: a miss; PROTOCOL.md) and serving;
+    # false ranks every item (data where people come back to items: listening, groceries). README.
+    mask_seen: bool = True
 
     def __post_init__(self) -> None:
         require(len(self.ks) > 0 and all(k >= 1 for k in self.ks), "ks", list(self.ks),

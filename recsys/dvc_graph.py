@@ -121,7 +121,7 @@ def stages(root: Path = REPO_ROOT) -> dict:
                 # The warm source (recsys/warm.py): a new champion re-runs the stages that start from it.
                 "deps": [layout.PREPARED, layout.WARM_DIR.format(model=ITEM),
                          *code_deps("recsys.train", root)],
-                "params": ["train", ITEM],
+                "params": ["train", ITEM, "evaluate.mask_seen"],  # validation ranks as the test does
                 "outs": [model_dir],
                 "plots": [{layout.CURVE.format(model=ITEM): {"x": "epoch", "y": layout.VALID_COLUMN}}],
             },

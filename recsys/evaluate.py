@@ -52,11 +52,13 @@ class EvalResult:
 PROTOCOL_VERSION = 2
 
 
-def eval_fingerprint(prepared: Prepared, split: str) -> str:
+def eval_fingerprint(prepared: Prepared, split: str, mask_seen: bool = True) -> str:
     """Identifies the evaluation: the same prepared dataset, split and ranking rule ⇒ the same users, inputs,
-    targets and rank of each (a model's figures comparable with another's)."""
+    targets and rank of each (a model's figures comparable with another's). `evaluate.mask_seen: false` is
+    another rule (the default's fingerprint is unchanged by the key)."""
     key = f"{prepared.fingerprint['fingerprint']}:{split}"
-    return hashlib.sha256(f"{key}:protocol{PROTOCOL_VERSION}".encode()).hexdigest()
+    rule = f"protocol{PROTOCOL_VERSION}" + ("" if mask_seen else ":all-items")
+    return hashlib.sha256(f"{key}:{rule}".encode()).hexdigest()
 
 
 def evaluate_model(
@@ -76,6 +78,7 @@ def evaluate_model(
         users, ranks, sampled = rank_targets(
             model, data, split, batch_size=config.batch_size, device=device, item_map=item_map,
             user_map=user_map, sampled_negatives=config.sampled_negatives, seed=config.seed,
+            mask_seen=config.mask_seen,
         )
     values = per_user_metrics(ranks, config.ks)
     metrics = summarise(values)
@@ -88,7 +91,8 @@ def evaluate_model(
                              "rank": ranks.numpy().astype(np.int64)})
     for name, vals in values.items():
         per_user[name] = vals.numpy()
-    return EvalResult(metrics, per_user, eval_fingerprint(prepared, split), split, time.perf_counter() - started)
+    return EvalResult(metrics, per_user, eval_fingerprint(prepared, split, config.mask_seen), split,
+                      time.perf_counter() - started)
 
 
 def vocabulary_maps(meta_items: list, meta_users: list, prepared: Prepared) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -63,8 +63,10 @@ class RankingInputs:
         item_map: np.ndarray | None = None,
         user_map: np.ndarray | None = None,
         by_length: bool = True,
+        mask_seen: bool = True,
     ):
         self.device = torch.device(device)
+        self.mask_seen = mask_seen
         self.n_items = data.n_items
         targets = data.eval_targets(split)
         # `by_length`: batches of similar history lengths. A batch is padded to its longest input, and in user
@@ -103,12 +105,13 @@ class RankingInputs:
             scores = torch.where(self.item_map > 0, scores[:, self.item_map], float("-inf"))
         return scores
 
-    @staticmethod
-    def candidates(scores: torch.Tensor, eb: EvalBatch) -> torch.Tensor:
-        """(B, I + 1) bool: every real item the user has not interacted with before the target."""
+    def candidates(self, scores: torch.Tensor, eb: EvalBatch) -> torch.Tensor:
+        """(B, I + 1) bool: every real item the user has not interacted with before the target — every real
+        item under `evaluate.mask_seen: false`."""
         candidates = torch.ones_like(scores, dtype=torch.bool)
         candidates[:, 0] = False
-        candidates[eb.seen_rows, eb.seen_items] = False
+        if self.mask_seen:
+            candidates[eb.seen_rows, eb.seen_items] = False
         return candidates
 
     @torch.no_grad()
@@ -138,12 +141,14 @@ def rank_targets(
     user_map: np.ndarray | None = None,
     sampled_negatives: int = 0,
     seed: int = 0,
+    mask_seen: bool = True,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor | None]:
     """(users, full-ranking ranks, sampled ranks or None) for every target of `split`; ranks on the CPU.
-    `batch_size` 0: `scoring_batch_size`'s automatic size."""
+    `batch_size` 0: `scoring_batch_size`'s automatic size; `mask_seen`: `evaluate.mask_seen`."""
     batch_size = scoring_batch_size(batch_size, model, device)
     inputs = RankingInputs(data, split, model_max_len(model), batch_size=batch_size, device=device,
-                           item_map=item_map, user_map=user_map, by_length=not sampled_negatives)
+                           item_map=item_map, user_map=user_map, by_length=not sampled_negatives,
+                           mask_seen=mask_seen)
     if not sampled_negatives:
         return inputs.users, inputs.ranks(model).cpu(), None
     was_training = model.training
@@ -168,8 +173,9 @@ MISS_RANK = 2**31 - 1
 
 
 def ranks_of(scores: torch.Tensor, targets: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Each target's full-ranking rank among `candidates` (the user's unseen items), and a miss (`MISS_RANK`)
-    for a target the user already has in the input (a repeat): PROTOCOL.md masks every item in the input,
+    """Each target's full-ranking rank among `candidates` (the user's unseen items; every item under
+    `evaluate.mask_seen: false`), and a miss (`MISS_RANK`) for a target that is not among them (a repeat,
+    where seen items are masked): PROTOCOL.md masks every item in the input,
     the target too. Ranking a repeated target among the unseen ones only (as before, evaluation
     protocol 1) removed its competitors and kept it: on data with repeats (the generated default: a third of
     the targets) every model's figure was inflated — MostPop's test NDCG@10 doubled."""

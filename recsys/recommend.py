@@ -46,7 +46,8 @@ def recommend(
     history_times: Sequence[int] | None = None,
     user_index: int = 0,
 ) -> list[tuple[int, float]]:
-    """The k best (item_index, score) pairs, best first; padding and already-seen items are never returned.
+    """The k best (item_index, score) pairs, best first; padding is never returned, and nor are the history's
+    items unless the model was trained and gated under `evaluate.mask_seen: false` (its meta says so).
 
     `history_items` are model item ids (1..n_items) in time order, `history_times` their UTC seconds (0 when
     unknown), `at_time` the moment being recommended for (default: now), `user_index` the model's user id
@@ -79,7 +80,7 @@ def recommend(
         scores = model.score(batch)[0].float().cpu().clone()  # (n_items + 1,)
     scores = torch.nan_to_num(scores, nan=float("-inf"))  # topk would rank NaN first
     scores[0] = float("-inf")
-    if history:
+    if history and meta.get("mask_seen", True):  # (checkpoints from before the key masked them)
         scores[torch.tensor(sorted(set(history)), dtype=torch.long)] = float("-inf")
     allowed = int((scores > float("-inf")).sum())
     if allowed == 0:
@@ -290,12 +291,14 @@ def _baseline_reason(registry: Any, version: int) -> str:
 def answer(
     registry: Any, prepared_dir: Path, k: int, at_time: int | None, *,
     user: str | None = None, history: list[str] | None = None, registry_label: str | None = None,
-    prepared_required: bool = False,
+    prepared_required: bool = False, mask_seen: bool = True,
 ) -> Answer:
     """Serve one request from the champion, or say why popularity answers instead (module docstring).
     `registry_label` (the registry's URL, password masked) is named when no champion is registered: a typo in
     registry.url reads as an empty registry, and the answer should say which one it read. The prepared dataset
-    is required for a user's request, and whenever `prepared_required` (a `--prepared` the person named)."""
+    is required for a user's request, and whenever `prepared_required` (a `--prepared` the person named).
+    `mask_seen` (`evaluate.mask_seen`) rules the history's items out of dataset popularity; a model's answer
+    follows the rule its checkpoint was trained under."""
     from recsys.checkpoint import load_model
 
     prepared = read_prepared(prepared_dir, required=user is not None or prepared_required)
@@ -308,7 +311,7 @@ def answer(
         result = Answer(source=POPULARITY_FALLBACK, reason="", model_version=None,
                         architecture="dataset popularity", champion_version=None, k=k, at=at, user=user,
                         history=history)
-        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result, unanswerable=(
+        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result, mask_seen, unanswerable=(
             "nothing can answer yet: no model is registered and there is no prepared dataset to count popularity "
             "in; `python -m flows.pipeline` (or `bash scripts/demo.sh` on the embedded data) trains, gates and "
             "registers one — or `dvc repro` then `recsys registry promote --model mostpop`"))
@@ -345,7 +348,7 @@ def answer(
         ranked, result.skipped_items = score_history(model, meta, checkpoint, raw_items, raw_times, k,
                                                      at_time, user)
     else:
-        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result)
+        ranked = _popularity(registry, prepared, raw_items, raw_times, k, at_time, result, mask_seen)
         result.source = POPULARITY_FALLBACK
         result.reason = f"popularity fallback: {fallback_reason}; {result.reason}"
     return _with_items(result, ranked, prepared)
@@ -374,7 +377,7 @@ def _with_items(result: Answer, ranked: list[tuple[str, float]], prepared: Prepa
 
 def _popularity(
     registry: Any, prepared: Prepared | None, raw_items: list[str], raw_times: list[int], k: int,
-    at_time: int | None, result: Answer,
+    at_time: int | None, result: Answer, mask_seen: bool = True,
     unanswerable: str = ("no popularity fallback: no baseline version is registered and there is no prepared "
                          "dataset; run `dvc repro` and `recsys registry promote --model mostpop`"),
 ) -> list[tuple[str, float]]:
@@ -393,7 +396,7 @@ def _popularity(
         return ranked
     if prepared is None:
         raise RecommendError(unanswerable)
-    seen = set(raw_items)
+    seen = set(raw_items) if mask_seen else set()
     result.model_version, result.architecture = None, "dataset popularity"
     result.reason = "item popularity in the prepared dataset answers (no baseline version is registered)"
     result.skipped_items = prepared.unknown_items(raw_items)

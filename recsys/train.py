@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import logging
 import math
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recsys.atomic import write_text_atomic
 from recsys.checkpoint import save_checkpoint
 from recsys.config import ConfigError
 from recsys.device import (out_of_memory_as_error, precision_name, retain_cpu_memory, step_autocast,
@@ -99,9 +101,9 @@ def validation_memory(model, config: TrainConfig, device):
     return scoring_memory(model, config.eval_batch_size, "train.eval_batch_size", device, "validation")
 
 
-def validation_inputs(model, data: SequenceData, config: TrainConfig, device) -> RankingInputs:
+def validation_inputs(model, data: SequenceData, config: TrainConfig, device, mask_seen=True) -> RankingInputs:
     return RankingInputs(data, "valid", int(getattr(model.config, "max_len", 1)), device=device,
-                         batch_size=scoring_batch_size(config.eval_batch_size, model, device))
+                         batch_size=scoring_batch_size(config.eval_batch_size, model, device), mask_seen=mask_seen)
 
 
 def optimiser_step(model, loss_fn, optimizer, tensors: TrainingTensors, rows: torch.Tensor, micro: list,
@@ -138,6 +140,7 @@ def train_model(
     on_epoch=None,
     keep_final_state: bool = False,
     adopt_from: Sequence[Path] = (),
+    mask_seen: bool = True,
 ) -> TrainResult:
     """Train `model_name` and write its best (by validation NDCG@10) checkpoint to `out_dir`.
 
@@ -150,7 +153,7 @@ def train_model(
     (`prune_resume_state`). `adopt_from`: other runs' resume roots, whose kept final state of this run key
     (the same run but for early stopping's settings, `recsys.train_state.STOPPING_FIELDS`) this run may start
     from, with the best checkpoint the state keeps, when it has no state of its own — one whose epochs are
-    this run's first ones, so a larger patience trains only its extra epochs."""
+    this run's first ones, so a larger patience trains only its extra epochs. `mask_seen`: evaluate.mask_seen."""
     started, cpu_started = time.perf_counter(), time.process_time()
     prepared = load(prepared) if not isinstance(prepared, Prepared) else prepared
     cfg = train_config
@@ -182,14 +185,14 @@ def train_model(
         extra = {"best_epoch": epoch, "valid_metrics": valid, "train_config": dataclasses.asdict(cfg),
                  "prepare": prepared.fingerprint.get("config"),  # how its data was split (warm_source.py)
                  "train_until": weights_until(prepared.fingerprint.get("train_until"), init),  # (held_out.py)
-                 "precision": precision_name(autocast)}  # what its steps computed in
+                 "precision": precision_name(autocast), "mask_seen": mask_seen}  # its steps' dtype; ranking rule
         if init is not None:
             extra["init"] = init
         save_checkpoint(out_dir, scored, dataset_fingerprint=fingerprint, item_ids=item_ids,
                         user_ids=user_ids, extra=extra)
 
     with validation_memory(model, cfg, device):
-        valid_inputs = validation_inputs(model, data, cfg, device)
+        valid_inputs = validation_inputs(model, data, cfg, device, mask_seen)
     if not model.trainable:
         with validation_memory(model, cfg, device):
             valid = validate(model, valid_inputs)
@@ -218,7 +221,7 @@ def train_model(
         scored = average.module
     generator = torch.Generator().manual_seed(cfg.seed)
     resume = Resume(Path(resume_root or RESUME), model_name,
-                     run_key(model_name, model_config, cfg, fingerprint, init))
+                     run_key(model_name, model_config, cfg, fingerprint, init, mask_seen))
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
@@ -415,18 +418,11 @@ def within_budget(cfg: TrainConfig, seconds: float) -> bool:
 def _write_curve(path: str | Path | None, rows: list[dict]) -> None:
     if path is None or not rows:
         return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    try:
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue(), Path(path).parent)  # a kill leaves the last epoch's curve whole
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -436,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
     result = train_model(
         name, params.model_config(name), params.train_config(name), paths.prepared, paths.model_dir(name),
         curve_path=paths.curve(name), resume_root=paths.resume, warm_dir=paths.warm_dir(name),
+        mask_seen=params.evaluate.mask_seen,
     )
     log.info("trained model=%s best_epoch=%d valid_ndcg@10=%.4f seconds=%.1f stopped_by=%s", name,
              result.best_epoch, result.best_valid.get(SELECTION_METRIC, float("nan")), result.seconds,

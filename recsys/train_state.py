@@ -65,7 +65,7 @@ STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
 
 
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
-            init: dict | None = None) -> str:
+            init: dict | None = None, mask_seen: bool = True) -> str:
     train = {k: v for k, v in dataclasses.asdict(train_config).items()
              if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
     if train.get("precision") == "auto":  # what every run did before the key: a state saved then resumes
@@ -74,6 +74,8 @@ def run_key(model_name: str, model_config: Any, train_config: TrainConfig, finge
            "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run
         key["init"] = init
+    if not mask_seen:  # validation under evaluate.mask_seen: false selects other epochs (absent: as before)
+        key["mask_seen"] = False
     blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -375,3 +375,28 @@ def test_a_prepared_folder_that_is_not_a_prepared_dataset_is_one_line(tmp_path, 
                             "prepare` builds it (the flows and `bash scripts/demo.sh` do)")
     else:
         assert lines[0].startswith(f"error: {prepared} is not one prepared dataset: 1 event(s) name an item")
+
+
+def test_under_mask_seen_false_popularity_and_the_champion_may_answer_with_the_users_own_items(tmp_path):
+    """Repeat-consumption data (`evaluate.mask_seen: false`): dataset popularity keeps the history's items;
+    a champion trained under the rule (its checkpoint says so) serves them; one saved under the default
+    still masks them, as it was gated."""
+    params_path = write_params(tmp_path)
+    params_path.write_text(params_path.read_text() + "evaluate:\n  mask_seen: false\n")
+    _prepared(tmp_path)  # alice saw m1 then m3; bob saw m4
+    answer = recommend_json(params_path, "--user", "alice", "-k", "3")
+    assert answer["source"] == "popularity_fallback"
+    assert {"m1", "m3"} <= {r["item_id"] for r in answer["recommendations"]}
+    with open_from(params_path) as reg:
+        base = mostpop_checkpoint(tmp_path, "base", BASELINE_COUNTS, ["alice", "bob", "carol"])
+        assert reg.install_baseline(base, make_eval(-0.15, seed=1), dataset_version="d1") == 1
+    masked = recommend_json(params_path, "--user", "alice", "-k", "4")  # saved without the key: masks
+    assert [r["item_id"] for r in masked["recommendations"]] == ["m2", "m4"]
+    champ = mostpop_checkpoint(tmp_path, "champ", CHAMPION_COUNTS, ["alice", "bob"])
+    meta = json.loads((champ / "model.json").read_text())
+    (champ / "model.json").write_text(json.dumps({**meta, "mask_seen": False}))  # as train_model records it
+    with open_from(params_path) as reg:
+        assert reg.promote(champ, make_eval(0.0, seed=2)).promoted
+    served = recommend_json(params_path, "--user", "alice", "-k", "4")
+    assert served["source"] == "champion"
+    assert [r["item_id"] for r in served["recommendations"]] == ["m4", "m3", "m2", "m1"]  # m1, m3 served again

@@ -27,7 +27,7 @@ from recsys.commands.registry import (
     refuse_usage,
     registry_label,
 )
-from recsys.config import DEFAULT_PARAMS, params_root
+from recsys.config import DEFAULT_PARAMS, load_params, params_root
 from recsys.layout import Layout
 from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, answer
 
@@ -115,7 +115,8 @@ def recommend_command(
         prepared_dir = Path(prepared) if prepared is not None else Layout(root).prepared
         try:
             result = answer(registry, prepared_dir, count, at_time, user=user, history=items,
-                            registry_label=registry_label(params), prepared_required=prepared is not None)
+                            registry_label=registry_label(params), prepared_required=prepared is not None,
+                            mask_seen=load_params(params).evaluate.mask_seen)
         except (RecommendError, CheckpointError, ValueError) as err:
             fail(str(err))
         except expected_errors() as err:
