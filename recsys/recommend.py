@@ -46,8 +46,7 @@ def recommend(
     history_times: Sequence[int] | None = None,
     user_index: int = 0,
 ) -> list[tuple[int, float]]:
-    """The k best (item_index, score) pairs, best first; padding is never returned, and nor are the history's
-    items unless the model was trained and gated under `evaluate.mask_seen: false` (its meta says so).
+    """The k best (item_index, score) pairs, best first; no padding, no history item unless meta's mask_seen is false.
 
     `history_items` are model item ids (1..n_items) in time order, `history_times` their UTC seconds (0 when
     unknown), `at_time` the moment being recommended for (default: now), `user_index` the model's user id
@@ -297,8 +296,7 @@ def answer(
     `registry_label` (the registry's URL, password masked) is named when no champion is registered: a typo in
     registry.url reads as an empty registry, and the answer should say which one it read. The prepared dataset
     is required for a user's request, and whenever `prepared_required` (a `--prepared` the person named).
-    `mask_seen` (`evaluate.mask_seen`) rules the history's items out of dataset popularity; a model's answer
-    follows the rule its checkpoint was trained under."""
+    `mask_seen`: evaluate.mask_seen, for dataset popularity (a model serves by its checkpoint's rule)."""
     from recsys.checkpoint import load_model
 
     prepared = read_prepared(prepared_dir, required=user is not None or prepared_required)
