@@ -67,7 +67,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_models import (  # noqa: E402
     DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between,
-    work_area, zero_or)
+    safe_name, work_area, zero_or)
 from results_md import claimed, mean_sd  # noqa: E402
 
 from recsys import schema  # noqa: E402
@@ -178,7 +178,7 @@ def train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Path
     was stopped — or that another process sharing the work dir trained — is read back (its row and
     checkpoint), not trained again. A run another process is training is waited for, or skipped (row None)
     when `wait` is off."""
-    out = work / f"step{step}" / f"{_slug(run)}-{init}"
+    out = work / f"step{step}" / f"{safe_name(run)}-{init}"
     with claimed(out, wait) as mine:
         if not mine:
             log.info("step=%d %s init=%s: another process is training it; skipped", step, run, init)
@@ -202,7 +202,7 @@ def _train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Pat
         return {**row, "resumed": True}, out
     load_before = os.getloadavg()[0]
     result = train_model(name, model_config, train_config, prepared, out, curve_path=out.with_suffix(".csv"),
-                         resume_root=work / "resume" / f"{_slug(run)}-{init}-{step}", warm_dir=warm_dir,
+                         resume_root=work / "resume" / f"{safe_name(run)}-{init}-{step}", warm_dir=warm_dir,
                          mask_seen=params.evaluate.mask_seen)
     device = str(resolve_device(args.device))
     ev = evaluate_checkpoint(out, prepared_dir, "test", params.evaluate, device=device)
@@ -252,10 +252,6 @@ def cold_key(run: str, params) -> str:
     defaults = {f.name: f.default for f in dataclasses.fields(train_config) if f.name in WARM_ONLY_FIELDS}
     train = dataclasses.replace(train_config, **defaults)
     return json.dumps([name, as_json(model_config), as_json(train)], sort_keys=True)
-
-
-def _slug(run: str) -> str:
-    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in run)
 
 
 # --- summary, files, plot -----------------------------------------------------------------------------------
@@ -434,7 +430,7 @@ def update_results_md(records: list[dict]) -> None:
 
 def plot_path(record: dict, directory: Path) -> Path:
     """One picture per record (dataset, runs, seed): `stream-ml-100k-mojito-seed42.png`."""
-    return directory / f"stream-{record['dataset']}-{_slug('+'.join(record['runs']))}-seed{record_seed(record)}.png"
+    return directory / f"stream-{record['dataset']}-{safe_name('+'.join(record['runs']))}-seed{record_seed(record)}.png"
 
 
 def plot(record: dict, path: Path) -> Path | None:
@@ -569,7 +565,7 @@ def main(argv: list[str] | None = None) -> dict:
                 if step == 0:
                     deployed[run] = cold_dir
                     continue
-                warm_dir = work / "warm" / f"{_slug(run)}-{step}"
+                warm_dir = work / "warm" / f"{safe_name(run)}-{step}"
                 install_warm_source(deployed[run], warm_dir, step)  # "version" = the step it is used at
                 warm, warm_ckpt = train_and_score(run, "warm", step, prepared, prepared_dir, work, params,
                                                   args, warm_dir, active)

@@ -98,7 +98,7 @@ def test_a_warm_variant_reuses_the_cold_run_of_the_same_step(tmp_path, tiny_stre
         assert by[step, variant, "cold"]["cold_trained_as"] == TINY_SASREC
         assert by[step, variant, "cold"]["test_ndcg@10"] == by[step, TINY_SASREC, "cold"]["test_ndcg@10"]
         assert [p.name for p in (tmp_path / "work" / f"step{step}").iterdir() if p.is_dir() and
-                p.name.endswith("-cold")] == [f"{bench_stream._slug(TINY_SASREC)}-cold"]  # trained once
+                p.name.endswith("-cold")] == [f"{bench_stream.safe_name(TINY_SASREC)}-cold"]  # trained once
     assert by[1, variant, "warm"]["train"]["warm_keep"] == 0.5
     assert by[1, TINY_SASREC, "warm"]["train"]["warm_keep"] == 1.0
     assert set(record["summary"]) == {TINY_SASREC, variant}
@@ -254,7 +254,7 @@ def test_a_cold_helper_takes_the_cold_runs_nobody_holds_and_the_main_process_rea
     out, work = tmp_path / "stream.json", tmp_path / "work"
     argv = [*tiny_stream, "--models", TINY_SASREC, "--batches", "2", "--history-share", "0.6", "--threads", "1",
             "--device", "cpu", "--out", str(out), "--work-dir", str(work)]
-    held = work / "step1" / f"{bench_stream._slug(TINY_SASREC)}-cold"
+    held = work / "step1" / f"{bench_stream.safe_name(TINY_SASREC)}-cold"
     with bench_stream.claimed(held) as mine:
         assert mine
         helper = run_stream([*argv, "--cold-only"])
