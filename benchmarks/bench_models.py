@@ -53,7 +53,7 @@ from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between 
 
 from recsys.config import ConfigError, build_dataclass, load_params  # noqa: E402
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
-from recsys.device import precision_name, resolve_device, training_autocast  # noqa: E402
+from recsys.device import cpu_flags, precision_name, resolve_device, training_autocast  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
 from recsys.evaluate import evaluate_checkpoint  # noqa: E402
 from recsys.layout import prune_resume_state  # noqa: E402
@@ -87,18 +87,33 @@ def zero_or(positive, zero_means: str):
     return parse
 
 
-def machine() -> str:
+# The widest vector unit a CPU lists, by /proc/cpuinfo flag, widest first. Two CPUs that share a model name
+# ("AMD EPYC" in a VM) can differ here and train 2-3 x apart (session 45: a bench_step epoch of BERT4Rec took
+# 2.3 x session 41's on an AVX2-only EPYC), so a time ratio must not pair them.
+VECTOR_UNITS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sve", "SVE"), ("asimd", "NEON"))
+
+
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name with its widest vector unit: "AMD EPYC (AVX2)" (no unit named where none is listed)."""
     cpu = platform.processor() or "cpu"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
     except OSError:
         pass
+    flags = cpu_flags(cpuinfo)
+    unit = next((name for flag, name in VECTOR_UNITS if flag in flags), "")
+    return f"{cpu} ({unit})" if unit else cpu
+
+
+def machine() -> str:
+    """What a row's time was measured on. A row's processor (curves.processor) is the part before the comma."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
+    return (f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads "
+            f"(torch {torch.__version__})")
 
 
 def prepare_dataset(dataset: str, data_root: str | Path, params):

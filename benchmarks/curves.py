@@ -392,8 +392,9 @@ CLAIMS = (
 
 
 def processor(row: dict) -> str:
-    """The machine a row's time was measured on, without the thread count and torch build: "AMD EPYC",
-    "Intel(R) Xeon(R) Processor", "NVIDIA H100 80GB HBM3" (rows without one say "unknown")."""
+    """The machine a row's time was measured on, without the thread count and torch build: "AMD EPYC (AVX2)"
+    (rows from session 45 on name the vector unit; older ones "AMD EPYC"), "Intel(R) Xeon(R) Processor",
+    "NVIDIA H100 80GB HBM3" (rows without one say "unknown")."""
     return str(row.get("machine", "unknown")).split(",")[0].split(" (torch")[0].strip()
 
 

@@ -46,17 +46,22 @@ NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 CPUINFO_FLAG_LINES = ("flags", "Features")  # x86, Arm
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this machine's CPU lists a native bfloat16 flag (Linux; elsewhere False: `auto` keeps fp32)."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's flags as /proc/cpuinfo lists them (x86 `flags`, Arm `Features`); empty off Linux."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
-        return False
+        return frozenset()
     for line in text.splitlines():
         if line.startswith(CPUINFO_FLAG_LINES):
-            return bool(NATIVE_BF16_CPU_FLAGS & set(line.partition(":")[2].split()))
-    return False
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU lists a native bfloat16 flag (Linux; elsewhere False: `auto` keeps fp32)."""
+    return bool(NATIVE_BF16_CPU_FLAGS & cpu_flags(cpuinfo))
 
 
 def training_autocast(precision: str, device: torch.device) -> torch.dtype | None:

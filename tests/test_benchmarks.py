@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import curves  # noqa: E402
-from bench_models import configs_for  # noqa: E402
+from bench_models import configs_for, cpu_name  # noqa: E402
 
 from recsys.config import ConfigError, load_params  # noqa: E402
 from recsys.sequences import SequenceData  # noqa: E402
@@ -93,6 +93,25 @@ def test_a_time_ratio_across_machines_says_so():
     assert "| 200 / 100 CPU s (on different machines: AMD EPYC / Intel(R) Xeon(R) Processor) | 2.0 × |" in line
     rows[base][0]["machine"] = intel.replace("1 torch threads", "2 torch threads")  # the same CPU
     assert "| 200 / 100 CPU s | 2.0 × |" in curves.compare("ml-100k", "mojito", base, 1.00, 3.0, rows)
+
+
+@pytest.mark.parametrize("flags, name", [
+    ("flags\t\t: fpu sse2 avx avx2 fma", "AMD EPYC (AVX2)"),
+    ("flags\t\t: fpu sse2 avx avx2 avx512f avx512bw", "AMD EPYC (AVX-512)"),
+    ("flags\t\t: fpu sse2", "AMD EPYC"),  # no vector unit it names
+])
+def test_a_rows_cpu_names_its_vector_unit_so_two_cpus_of_one_name_are_told_apart(tmp_path, flags, name):
+    """Two VMs' "AMD EPYC" trained BERT4Rec 2.3 x apart an epoch (AVX2 only against AVX-512): the unit is part
+    of the processor, so a ratio between such rows, or with a row from before the unit was recorded, says so."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\n{flags}\n\nprocessor\t: 1\n")
+    assert cpu_name(str(info)) == name
+    base = curves.SASREC_DEFAULT_RUN
+    old = "AMD EPYC, 2 cores, 1 torch threads (torch 2.13.0+cpu)"
+    rows = {"bert4rec": [{**_row("bert4rec", 42, 0.10, 900.0, 300.0), "machine": f"{cpu_name(str(info))}, 2 cores"}],
+            base: [{**_row(base, 42, 0.11, 300.0, 100.0), "machine": old}]}
+    line = curves.compare("ml-100k", "bert4rec", base, 0.90, 3.0, rows)
+    assert ("(on different machines" in line) is (name != "AMD EPYC")
 
 
 def test_a_time_ratio_across_the_cpu_dropout_change_says_so():
