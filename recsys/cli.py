@@ -213,7 +213,7 @@ def data_import(
     no_titles = pd.DataFrame(columns=["item_id", "title"])
     part = write_store(Generated(frame, titles if titles is not None else no_titles), store)
     dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""
-    typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; run `dvc add {out}` to version them")
+    typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; run `dvc add {store}` to version them")
 
 
 @app.command()

@@ -178,6 +178,19 @@ def test_data_generate(monkeypatch, capsys, tmp_path, write_params, tiny_generat
     assert stored["item_id"].tolist() == tiny_generated.interactions["item_id"].tolist()
 
 
+def test_data_import_without_out_names_the_store_it_wrote_in_its_dvc_hint(monkeypatch, capsys, tmp_path,
+                                                                          write_params):
+    """No --out: the store is data/ beside the params file, and the hint says `dvc add data` (it said `dvc
+    add None`: the option's value, not the folder written)."""
+    params = write_params()
+    source = tmp_path / "events.csv"
+    source.write_text("user_id,item_id,timestamp\na,x,1704067210\nb,y,1704067220\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--params", str(params))
+    assert code == 0 and (tmp_path / "data").is_dir()
+    assert out.rstrip().endswith("; run `dvc add data` to version them")
+
+
 def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
     from recsys.store import read_store
 
