@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recsys.atomic import remove_stale_temp_dirs, replace_dir
 from recsys.faults import fault_point
 
 if TYPE_CHECKING:
@@ -94,29 +95,6 @@ def copy_checkpoint(source: str | Path, out_dir: str | Path, **meta: Any) -> Pat
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def remove_stale_temp_dirs(out: Path) -> list[Path]:
-    """The `.<name>-*` folders a killed save left beside checkpoint `out` (its temp copy, or the previous
-    checkpoint moved aside). One writer per checkpoint (DVC runs one stage per output), so any that exist
-    when a save starts are leftovers."""
-    stale = sorted(p for p in Path(out).parent.glob(f".{Path(out).name}-*") if p.is_dir())
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("removed %s, left by an interrupted checkpoint save", path)
-    return stale
-
-
-def replace_dir(tmp: Path, out: Path) -> None:
-    """Put the finished directory `tmp` (a sibling of `out`) in place of `out` by renames."""
-    if out.exists():
-        old = out.with_name(f".{out.name}-old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
 
 
 def read_meta(checkpoint_dir: str | Path) -> dict[str, Any]:

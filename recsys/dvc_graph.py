@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from recsys import layout
+from recsys.atomic import write_text_atomic
 from recsys.entry import ArgumentParser
 
 PACKAGE = "recsys"
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{target} is out of date: run `python -m recsys.dvc_graph`", file=sys.stderr)
             return 1
         return 0
-    target.write_text(text, encoding="utf-8")
+    write_text_atomic(target, text, target.parent)  # `dvc repro` never reads half a dvc.yaml
     print(f"wrote {target}")
     return 0
 

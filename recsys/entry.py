@@ -25,6 +25,7 @@ _USER_ERRORS = [
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
     ("recsys.distributed", "DistributedError"), ("recsys.device", "DeviceError"),
     ("recsys.train", "TrainingError"), ("recsys.model_configs", "SettingError"),
+    ("recsys.atomic", "NotAFolderError"),
 ]
 VERBOSE_ENV = "RECSYS_VERBOSE"
 

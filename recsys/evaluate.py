@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recsys.atomic import atomic_path, write_text_atomic
 from recsys.config import EvaluateConfig, Params
 from recsys.device import resolve_device, retain_cpu_memory
 from recsys.entry import model_stage_args
@@ -141,10 +142,11 @@ def score_test_split(checkpoint_dir: str | Path, prepared_dir: str | Path, param
 def write_outputs(result: EvalResult, metrics_path: Path, per_user_path: Path, extra: dict | None = None) -> None:
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
     per_user_path.parent.mkdir(parents=True, exist_ok=True)
-    result.per_user.to_parquet(per_user_path, index=False)
+    with atomic_path(per_user_path, per_user_path.parent) as tmp:  # the gate reads both: never half of one
+        result.per_user.to_parquet(tmp, index=False)
     payload = {**result.metrics, "eval_seconds": round(result.seconds, 3), "eval_fingerprint": result.eval_fingerprint,
                **(extra or {})}
-    metrics_path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(metrics_path, json.dumps(payload, indent=2, sort_keys=True) + "\n", metrics_path.parent)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from recsys.atomic import write_text_atomic
 from recsys.config import ConfigError, Params, load_params, validate_name
 from recsys.layout import PARAMS, WARM_DIR, WARM_SOURCE_FILE, Layout
 from recsys.model_configs import TRAINABLE
@@ -309,7 +310,7 @@ def check_out(root: Path, order: WorkOrder) -> None:
             raise FanOutError(f"cannot check out {order.commit[:12]}: {checked.stderr.strip()}")
     for name, text in order.files.items():
         if name != warm_source_file(order.model):  # `reproduce` puts the warm source in place
-            (root / name).write_text(text, encoding="utf-8")
+            write_text_atomic(root / name, text, (root / name).parent)
 
 
 def reproduce(root: Path, model: str, warm_source: str) -> list[str]:

@@ -17,6 +17,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from recsys import layout, schema
+from recsys.atomic import remove_stale_temp_dirs, replace_dir, require_folder_path
 from recsys.config import IngestConfig, PrepareConfig, load_params, params_root
 from recsys.entry import ArgumentParser
 
@@ -208,13 +211,25 @@ def fingerprint_of(events: pd.DataFrame, items: pd.DataFrame, users: pd.DataFram
 
 
 def save(prepared: Prepared, out_dir: str | Path) -> None:
+    """Write the prepared dataset as a whole new `out_dir`: a sibling temp folder, then renames (a kill
+    leaves the previous dataset, not its fingerprint over some new tables; at most a `.<name>-<hex>` folder
+    that the next save removes)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    prepared.events.to_parquet(out / "events.parquet", index=False)
-    prepared.items.to_parquet(out / "items.parquet", index=False)
-    prepared.users.to_parquet(out / "users.parquet", index=False)
-    # Written last: its presence marks a complete directory.
-    (out / layout.PREPARED_FINGERPRINT).write_text(json.dumps(prepared.fingerprint, indent=2) + "\n")
+    require_folder_path(out)  # before any folder is made
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_dirs(out)
+    tmp = out.with_name(f".{out.name}-{secrets.token_hex(4)}")
+    tmp.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
+    try:
+        prepared.events.to_parquet(tmp / "events.parquet", index=False)
+        prepared.items.to_parquet(tmp / "items.parquet", index=False)
+        prepared.users.to_parquet(tmp / "users.parquet", index=False)
+        # Written last: its presence marks a complete directory.
+        (tmp / layout.PREPARED_FINGERPRINT).write_text(json.dumps(prepared.fingerprint, indent=2) + "\n")
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def load(prepared_dir: str | Path) -> Prepared:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from recsys.atomic import write_text_atomic
 from recsys.config import PROJECT_ROOT, IngestConfig
 from recsys.layout import EXPECTATIONS
 
@@ -365,8 +366,9 @@ def _outside(values: np.ndarray, kwargs: dict[str, Any]) -> np.ndarray:
 def write_report(report: dict[str, Any], json_path: Path, markdown_path: Path) -> None:
     """The full report as JSON and a short markdown summary (what the flow publishes)."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(_jsonable(report), indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    markdown_path.write_text(render_markdown(report), encoding="utf-8")
+    # each replaced whole (the final report rewrites an earlier one that a flow's artifact may be reading)
+    write_text_atomic(json_path, json.dumps(_jsonable(report), indent=2, sort_keys=False) + "\n", json_path.parent)
+    write_text_atomic(markdown_path, render_markdown(report), markdown_path.parent)
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from recsys.checkpoint import CheckpointError, read_meta, remove_stale_temp_dirs, replace_dir
+from recsys.atomic import remove_stale_temp_dirs, replace_dir
+from recsys.checkpoint import CheckpointError, read_meta
 from recsys.config import ConfigError
 from recsys.held_out import late_data_leak
 from recsys.layout import WARM_SOURCE_FILE

@@ -11,14 +11,13 @@ the process at each step (`RECSYS_FAULT=<name>`).
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from recsys import store as raw_store
-from recsys.atomic import fsync_dir, remove_if_there
+from recsys.atomic import fsync_dir, remove_if_there, write_text_atomic
 from recsys.config import IngestConfig
 from recsys.ingest.dvc import data_version, dvc_add, dvc_enabled
 from recsys.ingest.errors import IngestError
@@ -120,10 +119,7 @@ def commit(
         fault_point("after_journal")
         if quarantine_file is not None:
             where.quarantine.mkdir(parents=True, exist_ok=True)
-            where.scratch.mkdir(parents=True, exist_ok=True)
-            tmp = where.scratch / f"quarantine-{quarantine_file.name}"
-            plan.quarantined.to_csv(tmp, index=False)
-            os.replace(tmp, quarantine_file)
+            write_text_atomic(quarantine_file, plan.quarantined.to_csv(index=False), where.scratch)
         if part:
             raw_store.write_part(where.store, part, plan.accepted, tmp_dir=where.scratch)
         fault_point("after_part_write")
