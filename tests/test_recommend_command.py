@@ -194,6 +194,7 @@ def test_request_errors_are_one_line(tmp_path):
     empty = invoke(recommend_app, "--history", "m1,,m2", "--params", str(params_path))
     nobody = invoke(recommend_app, "--user", "", "--params", str(params_path))
     when = invoke(recommend_app, "--user", "alice", "--at", "yesterday", "--params", str(params_path))
+    joined = invoke(recommend_app, "--user", "alice", "--at", "2024-05-01x12:00:00", "--params", str(params_path))
     # Valid ISO-8601 that UTC cannot hold: it was "error: year 0 is out of range", exit 1, after the registry
     # was opened.
     too_early = invoke(recommend_app, "--user", "alice", "--at", "0001-01-01T00:00:00+01:00",
@@ -213,6 +214,7 @@ def test_request_errors_are_one_line(tmp_path):
                                    (neither, 2, "exactly one of"),
                                    (empty, 2, "'m1,,m2'"), (nobody, 2, "--user is empty"),
                                    (when, 2, "--at 'yesterday' is not an ISO-8601 time"),
+                                   (joined, 2, "--at '2024-05-01x12:00:00' is not an ISO-8601 time"),
                                    (too_early, 2, ("--at '0001-01-01T00:00:00+01:00' is outside the years 1 "
                                                    "to 9999 in UTC")),
                                    (too_late, 2, "--at '9999-12-31T23:59:59-23:59' is outside the years"),

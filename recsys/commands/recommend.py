@@ -35,6 +35,9 @@ from recsys.recommend import MAX_K, NOTHING_COUNTED, Answer, RecommendError, ans
 def parse_time(value: str) -> int:
     """`--at`: ISO-8601 → UTC seconds; a time without a zone is taken as UTC."""
     try:
+        # Python 3.11 takes any character between the date and the time ("2024-05-01x12:00"): ISO says T
+        if len(value) > 10 and value[4:5] == value[7:8] == "-" and value[10] not in "Tt ":
+            raise ValueError("the date and the time are joined by T")
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as err:
         raise RecommendError(f"--at {value!r} is not an ISO-8601 time (e.g. 2024-05-01T12:00:00Z)") from err
