@@ -57,7 +57,15 @@ def folder_option(value: str, option: str = "--out") -> Path:
         raise typer.BadParameter("empty: name a folder", param_hint=f"'{option}'")
     if path.exists() and not path.is_dir():
         raise typer.BadParameter(f"{value} is a file: name a folder", param_hint=f"'{option}'")
+    _no_file_above(path, option)
     return path
+
+
+def _no_file_above(path: Path, option: str) -> None:
+    """A file where a folder above `path` goes (`--out README.md/sub`): refused here, not a traceback later."""
+    for above in path.parents:
+        if above.exists() and not above.is_dir():
+            raise typer.BadParameter(f"{above} is a file where a folder of {path} goes", param_hint=f"'{option}'")
 
 
 def file_option(value: str, option: str = "--out") -> Path:
@@ -69,6 +77,7 @@ def file_option(value: str, option: str = "--out") -> Path:
         raise typer.BadParameter(f"{value} is a folder: name a file in it", param_hint=f"'{option}'")
     if path.parent.exists() and not path.parent.is_dir():
         raise typer.BadParameter(f"its folder {path.parent} is a file", param_hint=f"'{option}'")
+    _no_file_above(path.parent, option)
     return path
 
 

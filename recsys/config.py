@@ -47,6 +47,8 @@ def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
     locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder). DVC is
     asked for where it is needed, not here: ingest runs without it (`recsys.ingest.dvc.dvc_enabled`), and
     `recsys.bootstrap.ensure_raw_store` refuses to pull or generate a store outside a DVC repository."""
+    if not str(root).strip():  # Path("") is the current folder: an empty value ran there
+        raise ConfigError(f"{option} is empty: name the repository (the folder with params.yaml and dvc.yaml)")
     path = Path(root).resolve()
     if not path.is_dir():
         what = "not a folder" if path.exists() else "no such folder"

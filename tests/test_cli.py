@@ -603,6 +603,10 @@ def test_data_batch_refuses_an_index_outside_the_generated_calendar_and_creates_
     (["data", "batch", "2"], "", "empty: name a file"),
     (["data", "batch", "2"], "inbox", "inbox is a folder: name a file in it"),
     (["data", "batch", "2"], "a-file/b.csv", "its folder a-file is a file"),
+    # a file further up was a NotADirectoryError traceback
+    (["data", "batch", "2"], "a-file/x/b.csv", "a-file is a file where a folder of a-file/x goes"),
+    (["data", "generate"], "a-file/sub", "a-file is a file where a folder of a-file/sub goes"),
+    (["data", "import", "table", "t.csv"], "a-file/x/store", "a-file is a file where a folder of a-file/x/store goes"),
 ])
 def test_a_bad_out_is_refused_before_anything_is_written(monkeypatch, capsys, tmp_path, write_params,
                                                         command, out, says):

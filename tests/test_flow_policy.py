@@ -147,6 +147,19 @@ def test_a_flow_refuses_a_repo_root_that_is_not_a_repository_before_anything_run
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("flow_name", ["retrain", "ingest", "pipeline"])
+def test_an_empty_repo_root_is_refused_not_taken_for_the_current_folder(tmp_path, monkeypatch, flow_name):
+    """`--repo-root ""` ran the whole flow in whatever repository the command was started from."""
+    import importlib
+
+    flow = getattr(importlib.import_module(f"flows.{flow_name}"), flow_name)
+    (tmp_path / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="^--repo-root is empty: name the repository"):
+        flow.fn(repo_root="")
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]
+
+
 @pytest.mark.parametrize("where", ["README.md", "nowhere", "sub"])
 def test_bootstrap_refuses_a_root_that_is_not_a_repository_and_creates_nothing(tmp_path, where):
     """It took the workspace lock first: a missing params.yaml left `.ingest/lock` in the wrong folder."""
