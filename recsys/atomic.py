@@ -15,11 +15,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-# A temp file is `.<name>.<token>.<host>.<pid>.tmp` (the token: two threads of one process writing one name,
-# as Prefect's thread task runner can, never share a temp): its writer is judged by its PID only on the machine that wrote
-# it. A folder on a file system several machines share (an inbox that producers on other hosts write into)
-# holds other hosts' temp files, whose PIDs mean nothing here: those are removed once no write could still be
-# in progress (a write takes seconds; a temp file left this long is a killed writer's on any machine).
+# A temp file is `.<name>.<token>.<host>.<pid>.tmp` (the token: two threads of one process writing one
+# name, as Prefect's thread task runner can, never share a temp): its writer is judged by its PID only on the
+# machine that wrote it. A folder on a file system several machines share (an inbox that producers on other
+# hosts write into) holds other hosts' temp files, whose PIDs mean nothing here: those are removed once no
+# write could still be in progress (a write takes seconds; a temp file left this long is a killed writer's
+# on any machine).
 log = logging.getLogger(__name__)
 HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 FOREIGN_STALE_SECONDS = 24 * 3600
@@ -51,11 +52,7 @@ def atomic_path(path: str | Path, tmp_dir: str | Path) -> Iterator[Path]:
     tmp = tmp_dir / f".{path.name}.{secrets.token_hex(4)}.{HOST}.{os.getpid()}.tmp"
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDONLY)  # what the writer wrote reaches the disk before the rename
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)  # what the writer wrote reaches the disk before the rename
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -95,17 +92,23 @@ def _running(pid: int) -> bool:
 
 
 class NotAFolderError(NotADirectoryError):
-    """A file stands where an output folder (or one of its parents) goes: a person moves it; never replaced."""
+    """A file stands where an output folder (or a folder above it) goes: a person moves it; never replaced."""
+
+
+def file_in_the_way(out: str | Path) -> Path | None:
+    """The first of `out` and the folders above it that is a file (None: each is a folder or absent)."""
+    out = Path(out)
+    return next((path for path in (out, *out.parents) if path.exists() and not path.is_dir()), None)
 
 
 def require_folder_path(out: str | Path) -> None:
     """Refuse an output folder `out` where it, or a folder above it, is a file (a save would have renamed that
     file aside and deleted it)."""
     out = Path(out)
-    for path in (out, *out.parents):
-        if path.exists() and not path.is_dir():
-            what = "" if path == out else f" (a folder above {out})"
-            raise NotAFolderError(f"{path} is a file where the output folder{what} goes: move or remove it")
+    path = file_in_the_way(out)
+    if path is not None:
+        what = "" if path == out else f" (a folder above {out})"
+        raise NotAFolderError(f"{path} is a file where the output folder{what} goes: move or remove it")
 
 
 def remove_stale_temp_dirs(out: Path) -> list[Path]:
@@ -129,16 +132,12 @@ def remove_stale_temp_dirs(out: Path) -> list[Path]:
 def replace_dir(tmp: Path, out: Path) -> None:
     """Put the finished directory `tmp` (a sibling of `out`) in place of `out` by renames: its files fsynced,
     `out` moved aside to `.<name>-old`, `tmp` renamed to `out`, the old copy removed. Where the second rename
-    fails, the old copy is moved back; a kill between the two leaves `.<name>-old`, which the next save of a
-    save puts back first (remove_stale_temp_dirs). A file at `out` is refused, never moved aside."""
+    fails, the old copy is moved back; a kill between the two leaves `.<name>-old`, which the next save
+    puts back first (remove_stale_temp_dirs). A file at `out` is refused, never moved aside."""
     require_folder_path(out)
     for file in tmp.iterdir():
         if file.is_file():
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_path(file)
     if out.exists():
         old = out.with_name(f".{out.name}-old")
         shutil.rmtree(old, ignore_errors=True)
@@ -156,7 +155,12 @@ def replace_dir(tmp: Path, out: Path) -> None:
 
 def fsync_dir(directory: str | Path) -> None:
     """Make a rename durable: the directory entry itself has to reach the disk."""
-    fd = os.open(directory, os.O_RDONLY)
+    fsync_path(directory)
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's (or a folder's) contents to the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

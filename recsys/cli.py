@@ -18,6 +18,7 @@ from typing import Optional
 
 import typer
 
+from recsys.atomic import file_in_the_way
 from recsys.config import load_params, params_root, validate_name, workspace_root
 from recsys.entry import VERBOSE_ENV, report_user_error, usage_line, user_errors, verbose_requested
 from recsys.layout import DATA
@@ -62,10 +63,10 @@ def folder_option(value: str, option: str = "--out") -> Path:
 
 
 def _no_file_above(path: Path, option: str) -> None:
-    """A file where a folder above `path` goes (`--out README.md/sub`): refused here, not a traceback later."""
-    for above in path.parents:
-        if above.exists() and not above.is_dir():
-            raise typer.BadParameter(f"{above} is a file where a folder of {path} goes", param_hint=f"'{option}'")
+    """A file where a folder above `path` goes (`--out README.md/sub`): refused here, not a traceback."""
+    above = file_in_the_way(path.parent)
+    if above is not None:
+        raise typer.BadParameter(f"{above} is a file where a folder of {path} goes", param_hint=f"'{option}'")
 
 
 def file_option(value: str, option: str = "--out") -> Path:

@@ -43,20 +43,18 @@ class ConfigError(ValueError):
 
 
 def workspace_root(root: str | Path, option: str = "--repo-root") -> Path:
-    """The repository a command was pointed at (`option`), resolved; refused with one line before anything is
-    locked or written there unless it is a folder holding params.yaml (a file, a typo, a subfolder). DVC is
-    asked for where it is needed, not here: ingest runs without it (`recsys.ingest.dvc.dvc_enabled`), and
-    `recsys.bootstrap.ensure_raw_store` refuses to pull or generate a store outside a DVC repository."""
+    """The repository a command was pointed at (`option`), resolved; refused with one line before anything
+    is locked or written there unless it is a folder holding params.yaml (an empty value, a file, a typo, a
+    subfolder). DVC is asked for where needed, not here (ingest runs without it; bootstrap needs it)."""
+    advice = f"name the repository (the folder with {PARAMS} and dvc.yaml)"
     if not str(root).strip():  # Path("") is the current folder: an empty value ran there
-        raise ConfigError(f"{option} is empty: name the repository (the folder with params.yaml and dvc.yaml)")
+        raise ConfigError(f"{option} is empty: {advice}")
     path = Path(root).resolve()
     if not path.is_dir():
         what = "not a folder" if path.exists() else "no such folder"
-        raise ConfigError(f"{option} {root}: {what}; name the repository (the folder with params.yaml and "
-                          "dvc.yaml)")
+        raise ConfigError(f"{option} {root}: {what}; {advice}")
     if not (path / PARAMS).is_file():
-        raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; name the repository (the folder with "
-                          f"{PARAMS} and dvc.yaml)")
+        raise ConfigError(f"{option} {root}: {path} holds no {PARAMS}; {advice}")
     return path
 
 

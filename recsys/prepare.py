@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from recsys import layout, schema
-from recsys.atomic import remove_stale_temp_dirs, replace_dir, require_folder_path
+from recsys.atomic import remove_stale_temp_dirs, replace_dir
 from recsys.config import IngestConfig, PrepareConfig, load_params, params_root
 from recsys.entry import ArgumentParser
 
@@ -215,9 +215,8 @@ def save(prepared: Prepared, out_dir: str | Path) -> None:
     leaves the previous dataset, not its fingerprint over some new tables; at most a `.<name>-<hex>` folder
     that the next save removes)."""
     out = Path(out_dir)
-    require_folder_path(out)  # before any folder is made
+    remove_stale_temp_dirs(out)  # (refuses a file where `out` or a folder above it goes: before any mkdir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_dirs(out)
     tmp = out.with_name(f".{out.name}-{secrets.token_hex(4)}")
     tmp.mkdir()  # (not mkdtemp: its 0700 would become the dataset's mode)
     try:
