@@ -167,6 +167,11 @@ BERT4REC_P80_L100 = f"{BERT4REC_P80},max_len=100"
 # ... and at batch 256, about the tokens a step and the steps an epoch of max_len 200 at batch 128 (100-event
 # windows are 1.6 x the rows): what 100-event windows change apart from the noisier steps batch 64 settled lower with.
 BERT4REC_P80_L100_B256 = f"{BERT4REC_P80_L100},batch_size=256"
+# Session 46 (no GPU lent): patience 80 without dropout on the attention weights (hidden dropout 0.2 stays):
+# a CPU step then runs the fused flash-attention kernel, not the math path that draws a mask for every
+# (query, key) weight — bench_step put its epoch at 0.80-0.95 x (noisy, 34 steps).
+BERT4REC_P80_AD0 = f"{BERT4REC_P80},attn_dropout=0"
+BERT4REC_100K_AD0 = f"{BERT4REC_DEFAULT_RUN},attn_dropout=0"  # ml-100k, against the defaults (patience 40)
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).
 ABLATION = (

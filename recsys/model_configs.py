@@ -115,9 +115,15 @@ class BERT4RecConfig:
     # to n); "exact", round(mask_prob·n) of them (at least 1), as the reference code's cloze samples — a
     # bound the fixed-shape step's loss can be cut to (train.cuda_graph: loss rows ≈ mask_prob × tokens).
     masking: Literal["bernoulli", "exact"] = "bernoulli"
+    # Dropout on the attention weights; -1 (the default, what checkpoints saved before the key were trained
+    # with) = `dropout`. 0 lets a CPU step use the fused flash-attention kernel instead of the math path that
+    # materialises every (query, key) weight and its mask (blocks.py).
+    attn_dropout: float = -1.0
 
     def __post_init__(self) -> None:
         check_transformer(self)
+        require(self.attn_dropout == -1.0 or 0.0 <= self.attn_dropout < 1.0, "attn_dropout", self.attn_dropout,
+                "in [0, 1), or -1 for `dropout`")
         check_sizes(self, "ffn_dim", *(["n_negatives"] if self.loss == "sampled_ce" else []))  # (as SASRec's)
         check_residual(self.residual)
         if self.masking not in ("bernoulli", "exact"):

@@ -255,6 +255,26 @@ def test_bert4rec_head_norm_normalises_the_output_transform():
     assert plain.mean(-1).abs().min() > 1e-3  # GELU's outputs are not centred: the knob changes the head
 
 
+def test_bert4rec_attn_dropout_sets_the_attention_weights_dropout_alone():
+    """`attn_dropout` (-1: `dropout`) drops attention weights only; the blocks' other dropouts keep `dropout`. At
+    0 a training step's attention is the evaluation one (the fused kernel's), at 0.5 it is not."""
+    same, off = make_model("bert4rec", dropout=0.3), make_model("bert4rec", dropout=0.3, attn_dropout=0.0)
+    assert [b.attn.dropout for b in same.blocks] == [0.3, 0.3]
+    assert [b.attn.dropout for b in off.blocks] == [0.0, 0.0]
+    assert [b.ffn.dropout.p for b in off.blocks] == [0.3, 0.3] == [b.attn.resid_dropout.p for b in off.blocks]
+    from recsys.models.blocks import MultiHeadSelfAttention, attention_mask
+    x = torch.randn(3, L, 16, generator=torch.Generator().manual_seed(0))
+    mask = attention_mask(torch.ones(3, L, dtype=torch.long), causal=False)
+    for attn_dropout, deterministic in ((0.0, True), (0.5, False)):
+        attn = MultiHeadSelfAttention(16, 2, dropout=0.0, attn_dropout=attn_dropout)
+        with torch.no_grad():
+            trained, evaluated = attn.train()(x, x, mask), attn.eval()(x, x, mask)
+        assert torch.allclose(trained, evaluated, atol=1e-6) == deterministic
+    for bad in (1.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="attn_dropout must be in \\[0, 1\\), or -1 for `dropout`"):
+            BERT4RecConfig(attn_dropout=bad)
+
+
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "mojito"])
 def test_an_unknown_residual_arrangement_is_refused(name):
     with pytest.raises(ValueError, match="residual must be 'reference' or 'pre_ln', got 'post_ln'"):
@@ -469,6 +489,7 @@ def test_a_bert4rec_checkpoint_from_before_residual_and_head_norm_loads_as_it_wa
     config = config_from_dict("bert4rec", old)
     assert (config.residual, config.head_norm) == ("pre_ln", False)
     model = build_model("bert4rec", config, n_items=N_ITEMS, n_users=N_USERS)
+    assert [block.attn.dropout for block in model.blocks] == [0.1]  # attention weights took `dropout` then
     assert not any(name.startswith("head_norm.") for name in model.state_dict())  # no weights it never had
     today = build_model("bert4rec", config_from_dict("bert4rec", {**old, "head_norm": True}), N_ITEMS, N_USERS)
     assert {"head_norm.weight", "head_norm.bias"} <= set(today.state_dict())

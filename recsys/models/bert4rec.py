@@ -59,7 +59,8 @@ def full_sequences(batch: Batch, max_len: int) -> torch.Tensor:
 class BERT4Rec(SequentialModel):
     name = "bert4rec"
     id_rows = {"item_emb.weight": "items", "out_bias": "items"}  # item_emb's last row is [mask]
-    warm_free_fields = frozenset({"dropout", "mask_prob", "last_item_share", "n_negatives", "masking"})
+    warm_free_fields = frozenset({"dropout", "attn_dropout", "mask_prob", "last_item_share", "n_negatives",
+                                  "masking"})
 
     def __init__(self, config: BERT4RecConfig, n_items: int, n_users: int):
         super().__init__(n_items, n_users)
@@ -71,7 +72,8 @@ class BERT4Rec(SequentialModel):
         self.emb_dropout = Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d, config.n_heads, config.dropout, ffn_dim=config.ffn_dim, activation="gelu",
-                             residual=config.residual)
+                             residual=config.residual,
+                             attn_dropout=None if config.attn_dropout == -1.0 else config.attn_dropout)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d)

@@ -25,14 +25,14 @@ from recsys.models.dropout import Dropout, dropout
 
 
 class MultiHeadSelfAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, dropout: float):
+    def __init__(self, dim: int, n_heads: int, dropout: float, attn_dropout: float | None = None):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"dim={dim} must be divisible by n_heads={n_heads}")
         self.n_heads = n_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.dropout = dropout
+        self.dropout = dropout if attn_dropout is None else attn_dropout  # on the attention weights
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
@@ -84,13 +84,15 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(
         self, dim: int, n_heads: int, dropout: float, ffn_dim: int, activation: str = "relu",
-        residual: str = "pre_ln",
+        residual: str = "pre_ln", attn_dropout: float | None = None,
     ):
+        """`attn_dropout`: dropout on the attention weights (None: `dropout`); the projection's output and the
+        feed-forward's take `dropout`."""
         super().__init__()
         check_residual(residual)
         self.residual = residual
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = MultiHeadSelfAttention(dim, n_heads, dropout)
+        self.attn = MultiHeadSelfAttention(dim, n_heads, dropout, attn_dropout)
         self.ln2 = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn_dim, dropout, activation)
 
