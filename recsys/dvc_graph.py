@@ -18,7 +18,7 @@ import yaml
 
 from recsys import layout
 from recsys.atomic import write_text_atomic
-from recsys.entry import ArgumentParser
+from recsys.entry import ArgumentParser, nonempty_path
 
 PACKAGE = "recsys"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser("recsys.dvc_graph",
                             description="render dvc.yaml from recsys/layout.py and the stages' imports")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when dvc.yaml differs")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT)
+    parser.add_argument("--root", type=nonempty_path, default=REPO_ROOT)
     args = parser.parse_args(argv)
     if not (args.root / "recsys" / "layout.py").is_file():
         print(f"error: --root {args.root}: not a checkout of this project (no recsys/layout.py there)",

@@ -74,12 +74,34 @@ def usage_line(prog: str | None, message: str) -> str:
     return f"error: {prog}: {message} (see '{prog} --help')"
 
 
+_REPEATABLE = (argparse._HelpAction, argparse._VersionAction, argparse._AppendAction, argparse._AppendConstAction,
+               argparse._CountAction, argparse._ExtendAction)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse for `python -m MODULE` (its usage and refusals name that command, not the module's file), with
-    its refusals as one line (`usage_line`), exit code 2 as argparse's."""
+    its refusals as one line (`usage_line`), exit code 2 as argparse's. Strict, as the Typer CLI is: an option
+    is spelled out (no `--par` for `--params`), and one given twice is refused rather than the last one
+    silently winning."""
 
     def __init__(self, module: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(prog=f"python -m {module}", **kwargs)
+        super().__init__(prog=f"python -m {module}", allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        args = sys.argv[1:] if args is None else list(args)
+        given: dict[str, str] = {}
+        for arg in args:
+            if arg == "--":
+                break
+            action = self._option_string_actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+            if action is None or isinstance(action, _REPEATABLE):
+                continue  # an operand or a value, --help, or an option meant to repeat
+            spelled = arg.split("=", 1)[0]
+            if action.dest in given:
+                also = "" if given[action.dest] == spelled else f" (also as {given[action.dest]})"
+                self.error(f"{spelled} given twice{also}: give it once")
+            given[action.dest] = spelled
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
         print(usage_line(self.prog, message), file=sys.stderr)
@@ -91,6 +113,13 @@ def report_user_error(err: BaseException, verbose: bool = False) -> None:
     if verbose:
         traceback.print_exception(err)
     print(error_line(err), file=sys.stderr)
+
+
+def nonempty_path(text: str) -> Path:
+    """argparse type: a path that names something (`--out=` would be the current folder, or no name at all)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name a path")
+    return Path(text)
 
 
 def positive_int(text: str) -> int:

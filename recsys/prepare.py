@@ -29,7 +29,7 @@ import pandas as pd
 from recsys import layout, schema
 from recsys.atomic import remove_stale_temp_dirs, replace_dir
 from recsys.config import IngestConfig, PrepareConfig, load_params, params_root
-from recsys.entry import ArgumentParser
+from recsys.entry import ArgumentParser, nonempty_path
 
 log = logging.getLogger(__name__)
 
@@ -257,16 +257,18 @@ def main(argv: list[str] | None = None,
     from recsys.store import read_store
 
     parser = ArgumentParser("recsys.prepare", description="prepare stage: raw store → split dataset")
-    parser.add_argument("--params", default=layout.PARAMS)
-    parser.add_argument("--store", help=f"raw store (default: {layout.DATA} beside the params file)")
-    parser.add_argument("--out", help=f"output folder (default: {layout.PREPARED} beside the params file)")
+    parser.add_argument("--params", type=nonempty_path, default=layout.PARAMS)
+    parser.add_argument("--store", type=nonempty_path,
+                        help=f"raw store (default: {layout.DATA} beside the params file)")
+    parser.add_argument("--out", type=nonempty_path,
+                        help=f"output folder (default: {layout.PREPARED} beside the params file)")
     args = parser.parse_args(argv)
     params = load_params(args.params)
     if before_read is not None:
         before_read(params_root(args.params), params.ingest)  # no reader sees a half-committed batch
     paths = layout.Layout(params_root(args.params, relative=True))
-    store = Path(args.store) if args.store is not None else paths.data
-    out = Path(args.out) if args.out is not None else paths.prepared
+    store = args.store if args.store is not None else paths.data
+    out = args.out if args.out is not None else paths.prepared
     interactions = read_store(store)
     if len(interactions) == 0:
         raise PrepareError(f"no interactions in the raw store {store}/: run `recsys bootstrap` first (it runs "
