@@ -143,16 +143,14 @@ def data_download(
     sha256: Optional[str] = typer.Option(None, help="expected sha256 (default: the official MD5 is checked)"),
 ) -> None:
     """Download a MovieLens archive and verify its checksum before extracting."""
-    import urllib.parse
-
-    from recsys.data import MOVIELENS, URL_SCHEMES, download_movielens
+    from recsys.data import MOVIELENS, download_movielens, url_problem
 
     if name not in MOVIELENS:  # a command line that does not parse: before anything is fetched
         raise typer.BadParameter(f"{name!r} is not one of {' | '.join(MOVIELENS)}", param_hint="'NAME'")
     if url is not None and not url.strip():  # "" fell back to the official archive
         raise typer.BadParameter("is empty: leave it out for the official archive", param_hint="'--url'")
-    if url is not None and urllib.parse.urlsplit(url).scheme not in URL_SCHEMES:  # a value of the wrong kind
-        raise typer.BadParameter(f"{url!r} is not an http(s):// or file:// URL", param_hint="'--url'")
+    if url is not None and (problem := url_problem(url)):  # a value of the wrong kind
+        raise typer.BadParameter(problem, param_hint="'--url'")
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):  # "" fell back to MD5; a typo
         # was found only after the whole download
         raise typer.BadParameter(f"{sha256!r} is not a sha256 (64 hex digits)", param_hint="'--sha256'")

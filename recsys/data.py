@@ -182,6 +182,21 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
 
 
 URL_SCHEMES = ("http", "https", "file")  # what `download_movielens` fetches from
+
+
+def url_problem(url: str) -> str | None:
+    """Why `download` could not fetch `url` whatever the network says (None: it may try): not a URL urllib
+    parses (`http://[::1`), another scheme, or an http(s) URL without a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a port out of range or not a number raises here)
+    except ValueError as err:
+        return f"{url!r} is not a URL ({err})"
+    if parts.scheme not in URL_SCHEMES:
+        return f"{url!r} is not an http(s):// or file:// URL"
+    if parts.scheme != "file" and not parts.hostname:
+        return f"{url!r} names no host"
+    return None
 # Official archives. GroupLens publishes MD5 sums beside them (`<url>.md5`); sha256 is checked when given.
 MOVIELENS = {
     "movielens-1m": ("https://files.grouplens.org/datasets/movielens/ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906"),
@@ -199,8 +214,8 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise DataError(f"{dest} is a file: name a folder to extract into")
-    if urllib.parse.urlsplit(url).scheme not in URL_SCHEMES:
-        raise DataError(f"{url!r} is not an http(s):// or file:// URL")
+    if problem := url_problem(url):
+        raise DataError(problem)
     # The download and extraction happen beside their target (the same file system: renames), and a
     # failure creates no folder.
     near = next(folder for folder in (dest, *dest.absolute().parents) if folder.is_dir())
@@ -227,12 +242,30 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
         dest.mkdir(parents=True, exist_ok=True)
         replaced = Path(tmp) / "replaced"
         replaced.mkdir()
-        for entry in sorted(staging.iterdir()):
-            target = dest / entry.name
-            if target.exists() or target.is_symlink():
-                target.rename(replaced / entry.name)  # removed with the temporary folder
-            entry.rename(target)
+        moved: list[tuple[Path, Path | None]] = []  # (a target put in place, its old copy in `replaced`)
+        try:
+            for entry in sorted(staging.iterdir()):
+                target, old = dest / entry.name, None
+                if target.exists() or target.is_symlink():
+                    old = replaced / entry.name
+                    target.rename(old)  # removed with the temporary folder
+                moved.append((target, old))
+                entry.rename(target)
+        except BaseException:  # (an interrupt too) every entry as it was: no archive half in place
+            for target, old in reversed(moved):
+                if target.exists() or target.is_symlink():
+                    _remove(target)
+                if old is not None:
+                    old.rename(target)
+            raise
     return dest
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def download_movielens(name: str, dest: str | Path, *, url: str | None = None, sha256: str | None = None) -> Path:

@@ -300,6 +300,9 @@ def test_data_download_refuses_an_empty_or_file_dest_before_fetching(monkeypatch
     # a value of the wrong kind was exit 1, as if the fetch had failed
     ("--url", "not a url", "Invalid value for '--url': 'not a url' is not an http(s):// or file:// URL"),
     ("--url", "ftp://x/ml-1m.zip", "Invalid value for '--url': 'ftp://x/ml-1m.zip' is not an http(s):// or"),
+    ("--url", "http://[::1", "Invalid value for '--url': 'http://[::1' is not a URL (Invalid IPv6 URL)"),  # was a
+    ("--url", "http://x:99999/a.zip", "Invalid value for '--url': 'http://x:99999/a.zip' is not a URL (Port out"),
+    ("--url", "https:///ml-1m.zip", "Invalid value for '--url': 'https:///ml-1m.zip' names no host"),  # traceback
     ("--sha256", "", "Invalid value for '--sha256': '' is not a sha256 (64 hex digits)"),  # was MD5 instead
     ("--sha256", "nothex", "Invalid value for '--sha256': 'nothex' is not a sha256"),  # was found after the fetch
     ("--sha256", "0" * 63, f"Invalid value for '--sha256': '{'0' * 63}' is not a sha256"),

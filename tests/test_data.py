@@ -240,6 +240,32 @@ def test_download_refuses_a_file_or_a_url_it_cannot_open_in_one_error(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "source"]
 
 
+def test_an_interrupted_download_puts_every_old_entry_back(tmp_path, archive_dir, monkeypatch):
+    """The archive's entries replace their old copies one rename at a time: an interrupt between two (a fault
+    made here by a rename that raises) must leave the old copies, not one new and one gone."""
+    archive = archive_dir / "ml.zip"
+    digest = make_zip(archive, {"a/ratings.dat": "new a\n", "b/ratings.dat": "new b\n"})
+    dest = tmp_path / "datasets"
+    for name in "ab":
+        (dest / name).mkdir(parents=True)
+        (dest / name / "ratings.dat").write_text(f"old {name}\n")
+    rename = Path.rename
+
+    def interrupted(self, target):
+        if Path(target) == dest / "b" and self.parent.name == "extracted":
+            raise KeyboardInterrupt
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        download(archive.as_uri(), dest, sha256=digest)
+    assert {p.name: (p / "ratings.dat").read_text() for p in dest.iterdir()} == {"a": "old a\n", "b": "old b\n"}
+    assert not any(p.name.startswith(".download-") for p in tmp_path.rglob("*"))  # no temporary folder left
+    monkeypatch.setattr(Path, "rename", rename)
+    download(archive.as_uri(), dest, sha256=digest)
+    assert (dest / "b" / "ratings.dat").read_text() == "new b\n"
+
+
 @pytest.mark.parametrize("member", ["../evil.txt", "ml-1m/../../evil.txt", "/tmp/evil-abs.txt"])
 def test_download_refuses_escaping_members(tmp_path, archive_dir, member):
     archive = archive_dir / "evil.zip"
