@@ -20,7 +20,7 @@ import typer
 
 from recsys.atomic import file_in_the_way
 from recsys.config import load_params, params_root, validate_name, workspace_root
-from recsys.entry import VERBOSE_ENV, report_user_error, usage_line, user_errors, verbose_requested
+from recsys.entry import VERBOSE_ENV, not_utf8, report_user_error, usage_line, user_errors, verbose_requested
 from recsys.layout import DATA
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -372,6 +372,9 @@ def main() -> None:
 
     _setup_logging()
     end_by_sigint_when_interrupted()
+    if refusal := not_utf8(sys.argv[1:]):  # before any command writes half a folder with it
+        print(usage_line(_command_path(sys.argv[1:]), refusal), file=sys.stderr)
+        sys.exit(2)
     try:
         # the console script, also in-process (tests)
         code = app(args=verbose_first(sys.argv[1:]), prog_name="recsys", standalone_mode=False)

@@ -74,6 +74,15 @@ def usage_line(prog: str | None, message: str) -> str:
     return f"error: {prog}: {message} (see '{prog} --help')"
 
 
+def not_utf8(args: list[str]) -> str | None:
+    """The refusal of a command line holding an argument that is not UTF-8 (Python carries its bytes as
+    surrogates, which every file, log, SQL and Parquet write then fails on midway), or None."""
+    for arg in args:
+        if any("\udc80" <= c <= "\udcff" for c in arg):
+            return f"argument {os.fsencode(arg)!r} is not UTF-8 text: give names, ids and paths in UTF-8"
+    return None
+
+
 _REPEATABLE = (argparse._HelpAction, argparse._VersionAction, argparse._AppendAction, argparse._AppendConstAction,
                argparse._CountAction, argparse._ExtendAction)
 
@@ -89,6 +98,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
         args = sys.argv[1:] if args is None else list(args)
+        if refusal := not_utf8(args):
+            self.error(refusal)
         given: dict[str, str] = {}
         for arg in args:
             if arg == "--":

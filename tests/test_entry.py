@@ -55,3 +55,22 @@ def test_the_prepare_stage_refuses_before_reading_anything(argv, tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: python -m recsys.prepare: ") and done.stderr.count("\n") == 1
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["-m", "recsys.cli", "data", "generate", "--out", b"bad\xff"], "recsys data generate"),
+    (["-m", "recsys.cli", "recommend", "--user", b"u\xff"], "recsys recommend"),
+    (["-m", "flows.ingest", b"inbox/b\xff.csv"], "python -m flows.ingest"),
+    (["-m", "recsys.prepare", "--out", b"out\xff"], "python -m recsys.prepare"),
+])
+def test_an_argument_that_is_not_utf8_is_refused_before_anything_is_written(argv, command, tmp_path):
+    """Python carries such bytes as surrogates, and the first write of one failed midway: a Parquet path with a
+    UnicodeEncodeError traceback after `data generate` had made its folder."""
+    done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, timeout=120,
+                          env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "DO_NOT_TRACK": "1"})
+    err = done.stderr.decode()
+    bad = next(a for a in argv if isinstance(a, bytes))
+    assert done.returncode == 2, err
+    assert err == (f"error: {command}: argument {bad!r} is not UTF-8 text: give names, ids and paths in UTF-8 "
+                   f"(see '{command} --help')\n")
+    assert not any(tmp_path.iterdir())
