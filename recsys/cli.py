@@ -329,6 +329,28 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 _reflow_help(app)
 
 
+def _repeated_option(args: list[str]) -> str | None:
+    """The refusal of an option given twice (`--user a --user b`: Click keeps the last one silently), as
+    `python -m` entry points refuse it (recsys.entry.ArgumentParser); options meant to repeat (`--column`)
+    may."""
+    command, given = typer.main.get_command(app), {}
+    for arg in args:
+        if arg == "--":
+            break
+        if not arg.startswith("-"):
+            command = getattr(command, "commands", {}).get(arg, command)
+            continue
+        spelled = arg.split("=", 1)[0]
+        param = next((p for p in command.params if spelled in (*p.opts, *p.secondary_opts)), None)
+        if param is None or getattr(param, "multiple", False) or getattr(param, "count", False):
+            continue
+        if (command.name, param.name) in given:
+            first = given[command.name, param.name]
+            return f"{spelled} given twice{'' if first == spelled else f' (also as {first})'}: give it once"
+        given[command.name, param.name] = spelled
+    return None
+
+
 def _command_path(args: list[str]) -> str:
     """The command `args` name (`recsys registry history` for `registry history -n`), for a usage error Click
     raises without its context (an option given no value): the leading words that are commands."""
@@ -372,7 +394,7 @@ def main() -> None:
 
     _setup_logging()
     end_by_sigint_when_interrupted()
-    if refusal := not_utf8(sys.argv[1:]):  # before any command writes half a folder with it
+    if refusal := not_utf8(sys.argv[1:]) or _repeated_option(sys.argv[1:]):  # before any command runs
         print(usage_line(_command_path(sys.argv[1:]), refusal), file=sys.stderr)
         sys.exit(2)
     try:

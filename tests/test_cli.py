@@ -826,3 +826,25 @@ def test_warm_says_each_line_once(tmp_path, write_params):
     said = [line for line in (done.stdout + done.stderr).splitlines() if "warm source" in line]
     assert said and all(line.startswith("warm source ") for line in said), said
     assert len(said) == len(set(said)) == len(yaml.safe_load(params.read_text())["models"]), said
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["recommend", "--user", "a", "--user", "b"], "recsys recommend: --user given twice: give it once"),
+    (["registry", "history", "-n", "2", "--limit=3"], "recsys registry history: --limit given twice (also as -n)"),
+    (["data", "generate", "--out", "a", "--out=b"], "recsys data generate: --out given twice: give it once"),
+])
+def test_an_option_given_twice_is_refused_before_anything_runs(monkeypatch, capsys, tmp_path, args, says):
+    """Click keeps the last of them without a word (`--user a --user b` recommended for b)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 2 and out == ""
+    assert_one_line_error(err, says)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_options_meant_to_repeat_still_repeat(monkeypatch, capsys, tmp_path):
+    """`--column` is given once a column: both parse (the refusal here is the command's own, past parsing)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(tmp_path / "absent.csv"),
+                             "--column", "user_id=customer", "--column", "item_id=sku")
+    assert code == 1 and "given twice" not in err and "params file not found" in err, err
