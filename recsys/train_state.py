@@ -136,6 +136,28 @@ class Resume:
         tmp = self.dir.with_name(self.dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        try:
+            self._write(tmp, model, optimizer, generator, state, average, best)
+        except BaseException:  # (a full disk, an interrupt) the last whole state stays, and no half `.tmp`
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        # By renames: the last epoch's state is moved aside, never deleted in place (a kill during a delete
+        # left a state.json without its tensors, which every later run failed to load); a kill between the
+        # renames leaves it whole at `.old`, and `load` resumes from it.
+        old = self._old()
+        if _whole(self.dir):
+            shutil.rmtree(old, ignore_errors=True)
+            self.dir.rename(old)
+            fault_point("resume_state_moved_aside")
+        else:  # none, or a half folder an older version's kill left: a whole `.old` stays until the new is in
+            shutil.rmtree(self.dir, ignore_errors=True)
+        tmp.rename(self.dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @staticmethod
+    def _write(tmp: Path, model, optimizer, generator: torch.Generator, state: dict,
+               average: WeightAverage | None, best: Path | None) -> None:
+        """The state's files, into the empty folder `tmp`."""
         if best is not None and (Path(best) / "model.json").is_file():
             (tmp / BEST).mkdir()
             for name in CHECKPOINT_FILES:
@@ -161,18 +183,6 @@ class Resume:
         groups = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                   for group in opt["param_groups"]]
         (tmp / "state.json").write_text(json.dumps({**state, "param_groups": groups}))
-        # By renames: the last epoch's state is moved aside, never deleted in place (a kill during a delete
-        # left a state.json without its tensors, which every later run failed to load); a kill between the
-        # renames leaves it whole at `.old`, and `load` resumes from it.
-        old = self._old()
-        if _whole(self.dir):
-            shutil.rmtree(old, ignore_errors=True)
-            self.dir.rename(old)
-            fault_point("resume_state_moved_aside")
-        else:  # none, or a half folder an older version's kill left: a whole `.old` stays until the new is in
-            shutil.rmtree(self.dir, ignore_errors=True)
-        tmp.rename(self.dir)
-        shutil.rmtree(old, ignore_errors=True)
 
     def _old(self) -> Path:
         return self.dir.with_name(self.dir.name + ".old")
@@ -233,7 +243,11 @@ class Resume:
         tmp = self.dir.with_name(self.dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(resume_dir(root, self.model_name, self.key), tmp)
+        try:
+            shutil.copytree(resume_dir(root, self.model_name, self.key), tmp)
+        except BaseException:  # no half copy left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(self.dir, ignore_errors=True)  # a half folder (this run has no whole state)
         tmp.rename(self.dir)
         return root

@@ -1024,6 +1024,31 @@ def test_a_resumed_optimiser_keeps_this_runs_implementation_not_the_saved_ones(t
     assert any(float(s["exp_avg"].abs().sum()) > 0 for s in resuming.state.values())  # the moments came back
 
 
+def test_a_resume_state_write_that_fails_leaves_the_last_state_and_no_temp_folder(tmp_path, monkeypatch,
+                                                                                    tiny_sasrec_config):
+    """A full disk while the tensors are written (a fault made here: save_file raises ENOSPC): the last epoch's
+    state is still the one to resume from, and the half-written `.tmp` folder is gone, not left until the next
+    run."""
+    import errno
+
+    from recsys import train_state
+    from recsys.train_state import Resume
+
+    model = SASRec(tiny_sasrec_config, n_items=30, n_users=5)
+    optimizer = torch.optim.Adam(model.parameters())
+    resume = Resume(tmp_path, "sasrec", "k")
+    resume.save(model, optimizer, torch.Generator(), {"epoch": 1})
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(train_state, "save_file", full)
+    with pytest.raises(OSError, match="No space left"):
+        resume.save(model, optimizer, torch.Generator(), {"epoch": 2})
+    assert resume.peek()["epoch"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sasrec-k"]
+
+
 def test_a_curve_write_that_fails_leaves_the_old_curve_and_no_temp_file(tmp_path):
     from recsys.train import _write_curve
 
