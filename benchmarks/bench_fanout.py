@@ -33,6 +33,7 @@ from fanout_support import WORKER_DEPLOYMENT, cluster, run_retrain  # noqa: E402
 from s3 import _start, _stop, S3Server  # noqa: E402
 
 from recsys.entry import positive_int  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 
 MODELS = ["mostpop", "sasrec", "bert4rec", "mojito"]
 
@@ -90,7 +91,7 @@ def main() -> None:
         "runs": runs,
         "speedup_2_vs_1_worker": round(runs["fan_out_1_worker"]["seconds"] / runs["fan_out_2_workers"]["seconds"], 2),
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_text_atomic(args.out, json.dumps(result, indent=2) + "\n", args.out.parent)
     print(json.dumps(result, indent=2))
 
 

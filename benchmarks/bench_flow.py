@@ -28,6 +28,7 @@ from flow_support import drop_batch, make_repo  # noqa: E402
 from server_support import prefect_server  # noqa: E402
 
 from recsys.entry import positive_int  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 
 
 def children_cpu_seconds() -> float:
@@ -89,7 +90,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
     }
     out = ROOT / "benchmarks" / "results" / "flow.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n", out.parent)
     print(json.dumps(result, indent=2))
 
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from recsys import ingest, store, validation  # noqa: E402
 from recsys.config import IngestConfig  # noqa: E402
 from recsys.entry import positive_int  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 from recsys.ingest import keys  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
@@ -246,7 +247,7 @@ def main() -> None:
     existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     existing = existing if "big" in existing or "scaling" in existing else {"big": existing}
     existing[args.mode] = result
-    RESULTS.write_text(json.dumps(existing, indent=2, default=str) + "\n")
+    write_text_atomic(RESULTS, json.dumps(existing, indent=2, default=str) + "\n", RESULTS.parent)
     print(f"wrote {RESULTS}")
 
 

@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_flow import timed_pipeline  # noqa: E402
+from bench_flow import timed_pipeline  # noqa: E402  (it puts the repository root on sys.path)
 from flow_support import clone_repo, drop_batch, registry_for, remote_of, sh  # noqa: E402
 from server_support import prefect_server  # noqa: E402
+
+from recsys.atomic import write_text_atomic  # noqa: E402
 
 GATE_LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| INFO .* - gate: ", re.MULTILINE)
 
@@ -131,7 +133,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
     }
     out = ROOT / "benchmarks" / "results" / "latency.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_text_atomic(out, json.dumps(result, indent=2) + "\n", out.parent)
     print(json.dumps(result, indent=2))
 
 

@@ -52,6 +52,7 @@ from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between 
     claimed, mean_sd, replace_between, row_key, row_seed)
 
 from recsys.config import ConfigError, build_dataclass, load_params  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 from recsys.data import DataError, read_movielens_1m, read_movielens_100k, read_movielens_titles  # noqa: E402
 from recsys.device import cpu_flags, precision_name, resolve_device, training_autocast  # noqa: E402
 from recsys.entry import positive_float, positive_int, run_entry  # noqa: E402
@@ -470,7 +471,7 @@ def update_results_md(rows: list[dict]) -> None:
     md = ROOT / "benchmarks" / "RESULTS.md"
     text = md.read_text() if md.is_file() else "# Benchmark results\n"
     text = replace_between(text, "models-summary", render_summary(rows))
-    md.write_text(replace_between(text, "models", render_table(rows)))
+    write_text_atomic(md, replace_between(text, "models", render_table(rows)), md.parent)
 
 
 @contextlib.contextmanager

@@ -71,6 +71,7 @@ from bench_models import (  # noqa: E402
 from results_md import claimed, mean_sd  # noqa: E402
 
 from recsys import schema  # noqa: E402
+from recsys.atomic import atomic_path, write_text_atomic  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_titles  # noqa: E402
@@ -425,7 +426,7 @@ def render_table(records: list[dict]) -> str:
 
 def update_results_md(records: list[dict]) -> None:
     md = ROOT / "benchmarks" / "RESULTS.md"
-    md.write_text(replace_between(md.read_text(), "stream", render_table(records)))
+    write_text_atomic(md, replace_between(md.read_text(), "stream", render_table(records)), md.parent)
 
 
 def plot_path(record: dict, directory: Path) -> Path:
@@ -462,7 +463,8 @@ def plot(record: dict, path: Path) -> Path | None:
     fig.suptitle(f"{record['dataset']} as a stream: warm vs cold ({record['machine']['device']}, "
                  f"commit {record['commit']})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path, path.parent) as tmp:  # a half-written picture never replaces the last one
+        fig.savefig(tmp, dpi=110, format=path.suffix[1:])
     plt.close(fig)
     return path
 

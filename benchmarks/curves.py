@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.model_configs import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
+from recsys.atomic import atomic_path, write_text_atomic  # noqa: E402
 
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}  # a row's train settings this code still has
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
@@ -274,7 +275,8 @@ def plot(dataset: str, rows: dict[str, list[dict]], out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with atomic_path(out, out.parent) as tmp:  # a half-written picture never replaces the last one
+        fig.savefig(tmp, dpi=110, format=out.suffix[1:])
     plt.close(fig)
 
 
@@ -675,7 +677,7 @@ def main() -> int:
     if gpu_rows:
         steps = json.loads(STEP_RESULTS.read_text()) if STEP_RESULTS.is_file() else []
         text = replace_between(text, "gpu", gpu_tables(gpu_rows, steps))
-    MD.write_text(text)
+    write_text_atomic(MD, text, MD.parent)
     print(table)
     return 0
 
