@@ -255,6 +255,10 @@ ABLATION = (
      "BERT4Rec: validate, keep and test the weights' moving average (decay 0.999, with its warm-up)"),
     (BERT4REC_P80, BERT4REC_DEFAULT_RUN,
      "BERT4Rec: patience 80 (from 40): the average's validation still rose slowly when 40 stopped it"),
+    # Session 46: no dropout on the attention weights (a CPU step then takes the fused attention kernel)
+    (BERT4REC_100K_AD0, BERT4REC_DEFAULT_RUN,
+     "BERT4Rec: no dropout on the attention weights (attn_dropout 0; hidden dropout 0.2 stays)"),
+    (BERT4REC_P80_AD0, BERT4REC_P80, "BERT4Rec: no dropout on the attention weights, at patience 80"),
 )
 
 
@@ -370,6 +374,8 @@ CLAIMS = (
     (BERT4REC_B64_COS350, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_P80_L100, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (BERT4REC_P80_L100_B256, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_P80_AD0, SASREC_DEFAULT_RUN, 0.90, 3.0),
+    (BERT4REC_100K_AD0, SASREC_DEFAULT_RUN, 0.90, 3.0),
     (MOJITO_LONG, SASREC_DEFAULT_RUN, 1.00, 3.0),  # sessions 10–28's defaults (lr 1e-3)
     (BERT4REC_LIS01, SASREC_DEFAULT_RUN, 0.90, 3.0),  # sessions 13–23's defaults (Bernoulli masking)
     (MOJITO_WIDE, SASREC_DEFAULT_RUN, 1.00, 3.0),

@@ -54,6 +54,7 @@ BEFORE_THE_KEY = {
     "c.residual": "pre_ln",       # the only block before session 4's `residual` setting
     "c.head_norm": False,         # no LayerNorm after the head's GELU before session 12
     "c.masking": "bernoulli",     # exact masking arrived in session 24
+    "c.attn_dropout": -1.0,       # the attention weights took `dropout` before session 46's key
 }
 
 CHOSEN_AT = "chosen"
@@ -168,6 +169,8 @@ COMPARISONS = [
     ("bert4rec.train.patience = 40", "80", "CPU", "ml-1m-half", B_DEFAULT,
      B_DEFAULT.replace("patience=40", "patience=80"),
      "session 37; the patience-80 row was stopped by the clock (not converged)"),
+    ("bert4rec.attn_dropout = -1 (= dropout, 0.2)", "0 (the fused attention kernel on a CPU)", "CPU", "ml-100k",
+     B_DEFAULT, curves.BERT4REC_100K_AD0, "session 46: kept on ML-100K; ML-1M-half in RESULTS"),
     # --- MOJITO -------------------------------------------------------------------------------------------
     ("mojito.train: windows all, patience 20, min_epochs 100 (uniform batches both)",
      "windows last, patience 10, min_epochs 0", "CPU", "ml-100k", M_LONG, "mojito@batching=random",
