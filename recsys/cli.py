@@ -20,7 +20,9 @@ import typer
 
 from recsys.atomic import file_in_the_way
 from recsys.config import load_params, params_root, validate_name, workspace_root
-from recsys.entry import VERBOSE_ENV, not_utf8, report_user_error, usage_line, user_errors, verbose_requested
+from recsys.entry import (
+    VERBOSE_ENV, not_utf8, repeated_option, report_user_error, usage_line, user_errors, verbose_requested,
+)
 from recsys.layout import DATA
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -331,24 +333,22 @@ _reflow_help(app)
 
 def _repeated_option(args: list[str]) -> str | None:
     """The refusal of an option given twice (`--user a --user b`: Click keeps the last one silently), as
-    `python -m` entry points refuse it (recsys.entry.ArgumentParser); options meant to repeat (`--column`)
+    `python -m` entry points refuse it (recsys.entry.repeated_option); options meant to repeat (`--column`)
     may."""
-    command, given = typer.main.get_command(app), {}
-    for arg in args:
-        if arg == "--":
-            break
-        if not arg.startswith("-"):
-            command = getattr(command, "commands", {}).get(arg, command)
-            continue
-        spelled = arg.split("=", 1)[0]
-        param = next((p for p in command.params if spelled in (*p.opts, *p.secondary_opts)), None)
-        if param is None or getattr(param, "multiple", False) or getattr(param, "count", False):
-            continue
-        if (command.name, param.name) in given:
-            first = given[command.name, param.name]
-            return f"{spelled} given twice{'' if first == spelled else f' (also as {first})'}: give it once"
-        given[command.name, param.name] = spelled
-    return None
+    command = [typer.main.get_command(app)]
+
+    def enter(word: str) -> None:  # a subcommand's name (a value is skipped before it gets here)
+        command[0] = getattr(command[0], "commands", {}).get(word, command[0])
+
+    def lookup(option: str) -> tuple | None:
+        param = next((p for p in command[0].params if option in (*p.opts, *p.secondary_opts)), None)
+        if param is None:
+            return None
+        flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+        repeatable = getattr(param, "multiple", False) or getattr(param, "count", False)
+        return (command[0].name, param.name), repeatable, 0 if flag else max(param.nargs, 1)
+
+    return repeated_option(args, lookup, enter)
 
 
 def _command_path(args: list[str]) -> str:

@@ -242,30 +242,26 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
         dest.mkdir(parents=True, exist_ok=True)
         replaced = Path(tmp) / "replaced"
         replaced.mkdir()
-        moved: list[tuple[Path, Path | None]] = []  # (a target put in place, its old copy in `replaced`)
+        undone = Path(tmp) / "undone"  # new entries taken back out (renames: an undo that cannot be slow)
+        undone.mkdir()
+        moved: list[tuple[Path, Path]] = []  # (a target, where its old copy goes in `replaced`), noted first
         try:
             for entry in sorted(staging.iterdir()):
-                target, old = dest / entry.name, None
+                target = dest / entry.name
+                moved.append((target, replaced / entry.name))  # before the rename an interrupt may follow
                 if target.exists() or target.is_symlink():
-                    old = replaced / entry.name
-                    target.rename(old)  # removed with the temporary folder
-                moved.append((target, old))
+                    target.rename(replaced / entry.name)  # removed with the temporary folder
                 entry.rename(target)
         except BaseException:  # (an interrupt too) every entry as it was: no archive half in place
             for target, old in reversed(moved):
-                if target.exists() or target.is_symlink():
-                    _remove(target)
-                if old is not None:
+                if old.exists() or old.is_symlink():
+                    if target.exists() or target.is_symlink():
+                        target.rename(undone / target.name)
                     old.rename(target)
+                elif (target.exists() or target.is_symlink()) and not (staging / target.name).exists():
+                    target.rename(undone / target.name)  # new, with no old copy: out again
             raise
     return dest
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
 
 
 def download_movielens(name: str, dest: str | Path, *, url: str | None = None, sha256: str | None = None) -> Path:

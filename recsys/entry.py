@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from recsys.layout import PARAMS
 
@@ -87,6 +87,50 @@ _REPEATABLE = (argparse._HelpAction, argparse._VersionAction, argparse._AppendAc
                argparse._CountAction, argparse._ExtendAction)
 
 
+def repeated_option(args: list[str], lookup: Callable[[str], tuple | None],
+                    on_word: Callable[[str], None] = lambda word: None) -> str | None:
+    """The refusal of an option given twice in `args` (spelled alike or not: `-v --verbose`), or None.
+    `lookup(option)` says what an option string is — (key, may repeat, how many values it takes) — or None
+    for no option; its values are skipped (`--out --x` names a folder `--x`), attached ones too (`-n3`,
+    `--out=a`), and a cluster of short flags (`-vn 3`) counts each. `on_word` hears every other word before
+    `--` (a subcommand's name changes what the options are)."""
+    given: dict[Any, str] = {}
+    skip = 0
+    for arg in args:
+        if skip:
+            skip -= 1
+            continue
+        if arg == "--":
+            break
+        if not arg.startswith("-") or arg == "-":
+            on_word(arg)
+            continue
+        if arg.startswith("--"):
+            spelled = arg.split("=", 1)[0]
+            options = [(spelled, lookup(spelled), "=" in arg)]
+        else:  # -x, -xVALUE, or flags clustered: -vx
+            options = []
+            for i, char in enumerate(arg[1:], 1):
+                found = lookup(f"-{char}")
+                if found is None:
+                    break
+                options.append((f"-{char}", found, i < len(arg) - 1))
+                if found[2]:  # it takes a value: the rest of the word, or the next word
+                    break
+        for spelled, found, attached in options:
+            if found is None:
+                continue
+            key, repeatable, values = found
+            skip = 0 if attached or not values else values
+            if repeatable:
+                continue
+            if key in given:
+                also = "" if given[key] == spelled else f" (also as {given[key]})"
+                return f"{spelled} given twice{also}: give it once"
+            given[key] = spelled
+    return None
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse for `python -m MODULE` (its usage and refusals name that command, not the module's file), with
     its refusals as one line (`usage_line`), exit code 2 as argparse's. Strict, as the Typer CLI is: an option
@@ -98,21 +142,18 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
         args = sys.argv[1:] if args is None else list(args)
-        if refusal := not_utf8(args):
+        if refusal := not_utf8(args) or repeated_option(args, self._option):
             self.error(refusal)
-        given: dict[str, str] = {}
-        for arg in args:
-            if arg == "--":
-                break
-            action = self._option_string_actions.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
-            if action is None or isinstance(action, _REPEATABLE):
-                continue  # an operand or a value, --help, or an option meant to repeat
-            spelled = arg.split("=", 1)[0]
-            if action.dest in given:
-                also = "" if given[action.dest] == spelled else f" (also as {given[action.dest]})"
-                self.error(f"{spelled} given twice{also}: give it once")
-            given[action.dest] = spelled
         return super().parse_known_args(args, namespace)
+
+    def _option(self, option: str) -> tuple | None:
+        """`repeated_option`'s view of an option string: (dest, may repeat, values taken), or None."""
+        action = self._option_string_actions.get(option)
+        if action is None:
+            return None
+        nargs = action.nargs
+        values = 0 if nargs == 0 else 1 if nargs is None else nargs if isinstance(nargs, int) else 0
+        return action.dest, isinstance(action, _REPEATABLE), values
 
     def error(self, message: str):  # type: ignore[override]
         print(usage_line(self.prog, message), file=sys.stderr)
@@ -128,8 +169,8 @@ def report_user_error(err: BaseException, verbose: bool = False) -> None:
 
 def nonempty_path(text: str) -> Path:
     """argparse type: a path that names something (`--out=` would be the current folder, or no name at all)."""
-    if not text:
-        raise argparse.ArgumentTypeError("empty: name a path")
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: name a path")
     return Path(text)
 
 

@@ -64,14 +64,22 @@ BUDGET_FIELDS = ("max_minutes", "progress")
 STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
 
 
+# Model settings added after states were saved, at the value that trains what ran before them: left out of
+# the key there, so a run interrupted before an upgrade resumes after it (BERT4Rec's attn_dropout -1 = dropout).
+CONFIG_BEFORE_THE_KEY = {"attn_dropout": -1.0}
+
+
 def run_key(model_name: str, model_config: Any, train_config: TrainConfig, fingerprint: str,
             init: dict | None = None, mask_seen: bool = True) -> str:
     train = {k: v for k, v in dataclasses.asdict(train_config).items()
              if k not in BUDGET_FIELDS and k not in STOPPING_FIELDS}
     if train.get("precision") == "auto":  # what every run did before the key: a state saved then resumes
         del train["precision"]
-    key = {"model": model_name, "config": dataclasses.asdict(model_config), "train": train,
-           "data": fingerprint}
+    config = dataclasses.asdict(model_config)
+    for field, before in CONFIG_BEFORE_THE_KEY.items():
+        if field in config and config[field] == before:  # as every run before the key: its states resume
+            del config[field]
+    key = {"model": model_name, "config": config, "train": train, "data": fingerprint}
     if init is not None:  # a warm start from another champion is another run
         key["init"] = init
     if not mask_seen:  # validation under evaluate.mask_seen: false selects other epochs (absent: as before)

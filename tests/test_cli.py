@@ -832,6 +832,7 @@ def test_warm_says_each_line_once(tmp_path, write_params):
     (["recommend", "--user", "a", "--user", "b"], "recsys recommend: --user given twice: give it once"),
     (["registry", "history", "-n", "2", "--limit=3"], "recsys registry history: --limit given twice (also as -n)"),
     (["data", "generate", "--out", "a", "--out=b"], "recsys data generate: --out given twice: give it once"),
+    (["recommend", "-k5", "--user", "u", "-k", "6"], "recsys recommend: -k given twice: give it once"),
 ])
 def test_an_option_given_twice_is_refused_before_anything_runs(monkeypatch, capsys, tmp_path, args, says):
     """Click keeps the last of them without a word (`--user a --user b` recommended for b)."""
@@ -840,6 +841,13 @@ def test_an_option_given_twice_is_refused_before_anything_runs(monkeypatch, caps
     assert code == 2 and out == ""
     assert_one_line_error(err, says)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_option_value_that_looks_like_an_option_is_a_value(monkeypatch, capsys, tmp_path):
+    """Click takes the word after `--user` as its value whatever it looks like: `--user -k -k 3` gives -k once."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, "recommend", "--user", "-k", "-k", "3")
+    assert code == 1 and "given twice" not in err and "params file not found" in err, err
 
 
 def test_options_meant_to_repeat_still_repeat(monkeypatch, capsys, tmp_path):

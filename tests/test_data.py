@@ -254,13 +254,18 @@ def test_an_interrupted_download_puts_every_old_entry_back(tmp_path, archive_dir
     def interrupted(self, target):
         if Path(target) == dest / "b" and self.parent.name == "extracted":
             raise KeyboardInterrupt
+        if self == dest / "a" and when == "after moving a aside":
+            rename(self, target)
+            raise KeyboardInterrupt  # the rename done, before the next line ran
         return rename(self, target)
 
     monkeypatch.setattr(Path, "rename", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        download(archive.as_uri(), dest, sha256=digest)
-    assert {p.name: (p / "ratings.dat").read_text() for p in dest.iterdir()} == {"a": "old a\n", "b": "old b\n"}
-    assert not any(p.name.startswith(".download-") for p in tmp_path.rglob("*"))  # no temporary folder left
+    for when in ("after moving a aside", "placing b"):
+        with pytest.raises(KeyboardInterrupt):
+            download(archive.as_uri(), dest, sha256=digest)
+        assert {p.name: (p / "ratings.dat").read_text() for p in dest.iterdir()} == {"a": "old a\n",
+                                                                                    "b": "old b\n"}, when
+        assert not any(p.name.startswith(".download-") for p in tmp_path.rglob("*"))  # no temporary folder
     monkeypatch.setattr(Path, "rename", rename)
     download(archive.as_uri(), dest, sha256=digest)
     assert (dest / "b" / "ratings.dat").read_text() == "new b\n"

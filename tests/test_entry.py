@@ -13,7 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def parser() -> ArgumentParser:
     p = ArgumentParser("recsys.example")
-    p.add_argument("--params", type=nonempty_path, default="params.yaml")
+    p.add_argument("--params", "-p", type=nonempty_path, default="params.yaml")
     p.add_argument("--verbose", "-v", action="store_true")
     p.add_argument("--tag", action="append", default=[])
     return p
@@ -32,7 +32,11 @@ def refusal(argv, capsys) -> str:
     (["--par", "x.yaml"], "unrecognized arguments: --par x.yaml"),  # no abbreviations
     (["--params", "a.yaml", "--params=b.yaml"], "--params given twice: give it once"),
     (["-v", "--verbose"], "--verbose given twice (also as -v): give it once"),
-    (["--params="], "argument --params: empty: name a path"),
+    (["-pa.yaml", "--params", "b.yaml"], "--params given twice (also as -p): give it once"),  # a value attached
+    (["-vpa.yaml", "-v"], "-v given twice: give it once"),  # a cluster: a flag, then an option and its value
+    (["-vv"], "-v given twice: give it once"),
+    (["--params="], "argument --params/-p: '' is empty: name a path"),
+    (["--params", " "], "argument --params/-p: ' ' is empty: name a path"),
 ])
 def test_an_ambiguous_or_empty_option_is_one_usage_line(argv, message, capsys):
     assert refusal(argv, capsys) == (f"error: python -m recsys.example: {message} "

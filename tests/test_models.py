@@ -275,6 +275,22 @@ def test_bert4rec_attn_dropout_sets_the_attention_weights_dropout_alone():
             BERT4RecConfig(attn_dropout=bad)
 
 
+def test_a_bert4rec_resume_state_saved_before_attn_dropout_keeps_its_run_key():
+    """The run key hashes the model's settings: the default (-1, the attention weights take `dropout`) must key
+    as the config without the field did, so a run interrupted before the upgrade resumes after it; 0 is
+    another run."""
+    from recsys.config import TrainConfig
+    from recsys.train_state import run_key
+
+    config = tiny_config("bert4rec")
+    fields = [(f.name, f.type, f.default) for f in dataclasses.fields(config) if f.name != "attn_dropout"]
+    before = dataclasses.make_dataclass("BERT4RecConfig", fields, frozen=True)(
+        **{name: getattr(config, name) for name, _, _ in fields})
+    key = run_key("bert4rec", config, TrainConfig(), "data")
+    assert key == run_key("bert4rec", before, TrainConfig(), "data")
+    assert run_key("bert4rec", dataclasses.replace(config, attn_dropout=0.0), TrainConfig(), "data") != key
+
+
 @pytest.mark.parametrize("name", ["sasrec", "bert4rec", "mojito"])
 def test_an_unknown_residual_arrangement_is_refused(name):
     with pytest.raises(ValueError, match="residual must be 'reference' or 'pre_ln', got 'post_ln'"):
