@@ -68,10 +68,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_models import (  # noqa: E402
     DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between,
     safe_name, work_area, zero_or)
-from results_md import claimed, mean_sd  # noqa: E402
+from results_md import claimed, mean_sd, save_figure  # noqa: E402
 
 from recsys import schema  # noqa: E402
-from recsys.atomic import atomic_path, write_text_atomic  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_titles  # noqa: E402
@@ -463,8 +463,7 @@ def plot(record: dict, path: Path) -> Path | None:
     fig.suptitle(f"{record['dataset']} as a stream: warm vs cold ({record['machine']['device']}, "
                  f"commit {record['commit']})", fontsize=10)
     fig.tight_layout()
-    with atomic_path(path, path.parent) as tmp:  # a half-written picture never replaces the last one
-        fig.savefig(tmp, dpi=110, format=path.suffix[1:])
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

@@ -26,13 +26,13 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from results_md import mean_sd, replace_between, row_key, row_seed  # noqa: E402
+from results_md import mean_sd, replace_between, row_key, row_seed, save_figure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.model_configs import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
-from recsys.atomic import atomic_path, write_text_atomic  # noqa: E402
+from recsys.atomic import write_text_atomic  # noqa: E402
 
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}  # a row's train settings this code still has
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
@@ -279,8 +279,7 @@ def plot(dataset: str, rows: dict[str, list[dict]], out: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    with atomic_path(out, out.parent) as tmp:  # a half-written picture never replaces the last one
-        fig.savefig(tmp, dpi=110, format=out.suffix[1:])
+    save_figure(fig, out)
     plt.close(fig)
 
 

@@ -20,6 +20,15 @@ def replace_between(text: str, name: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
+    """`fig.savefig(path)` in one rename (recsys.atomic): a half-written picture never replaces the last one.
+    The format is the path's suffix (the temporary file's name ends in .tmp)."""
+    from recsys.atomic import atomic_path  # (the importing script has put the repository root on sys.path)
+
+    with atomic_path(path, path.parent) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix[1:])
+
+
 def row_seed(row: dict) -> int:
     """A result row's seed (rows from before `--seeds` carry it only in the train config)."""
     return int(row["seed"] if "seed" in row else row["train"]["seed"])

@@ -197,6 +197,8 @@ def url_problem(url: str) -> str | None:
     if parts.scheme != "file" and not parts.hostname:
         return f"{url!r} names no host"
     return None
+
+
 # Official archives. GroupLens publishes MD5 sums beside them (`<url>.md5`); sha256 is checked when given.
 MOVIELENS = {
     "movielens-1m": ("https://files.grouplens.org/datasets/movielens/ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906"),
@@ -249,16 +251,16 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
             for entry in sorted(staging.iterdir()):
                 target = dest / entry.name
                 moved.append((target, replaced / entry.name))  # before the rename an interrupt may follow
-                if target.exists() or target.is_symlink():
+                if os.path.lexists(target):  # (a link too, dangling or not)
                     target.rename(replaced / entry.name)  # removed with the temporary folder
                 entry.rename(target)
         except BaseException:  # (an interrupt too) every entry as it was: no archive half in place
             for target, old in reversed(moved):
-                if old.exists() or old.is_symlink():
-                    if target.exists() or target.is_symlink():
+                if os.path.lexists(old):
+                    if os.path.lexists(target):
                         target.rename(undone / target.name)
                     old.rename(target)
-                elif (target.exists() or target.is_symlink()) and not (staging / target.name).exists():
+                elif os.path.lexists(target) and not (staging / target.name).exists():
                     target.rename(undone / target.name)  # new, with no old copy: out again
             raise
     return dest

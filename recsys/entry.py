@@ -151,8 +151,8 @@ class ArgumentParser(argparse.ArgumentParser):
         action = self._option_string_actions.get(option)
         if action is None:
             return None
-        nargs = action.nargs
-        values = 0 if nargs == 0 else 1 if nargs is None else nargs if isinstance(nargs, int) else 0
+        nargs = action.nargs  # None: one value; a count; or "?", "*", "+": not skipped (argparse's own rules)
+        values = 1 if nargs is None else nargs if isinstance(nargs, int) else 0
         return action.dest, isinstance(action, _REPEATABLE), values
 
     def error(self, message: str):  # type: ignore[override]
