@@ -394,7 +394,8 @@ def main() -> None:
 
     _setup_logging()
     end_by_sigint_when_interrupted()
-    if refusal := not_utf8(sys.argv[1:]) or _repeated_option(sys.argv[1:]):  # before any command runs
+    # before any command runs; --verbose counted where Click reads it, on the group (`train -v -v` too)
+    if refusal := not_utf8(sys.argv[1:]) or _repeated_option(verbose_first(sys.argv[1:])):
         print(usage_line(_command_path(sys.argv[1:]), refusal), file=sys.stderr)
         sys.exit(2)
     try:

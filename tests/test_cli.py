@@ -833,6 +833,8 @@ def test_warm_says_each_line_once(tmp_path, write_params):
     (["registry", "history", "-n", "2", "--limit=3"], "recsys registry history: --limit given twice (also as -n)"),
     (["data", "generate", "--out", "a", "--out=b"], "recsys data generate: --out given twice: give it once"),
     (["recommend", "-k5", "--user", "u", "-k", "6"], "recsys recommend: -k given twice: give it once"),
+    (["-v", "train", "--verbose"], "recsys train: --verbose given twice (also as -v)"),
+    (["train", "-v", "-v"], "recsys train: -v given twice: give it once"),
 ])
 def test_an_option_given_twice_is_refused_before_anything_runs(monkeypatch, capsys, tmp_path, args, says):
     """Click keeps the last of them without a word (`--user a --user b` recommended for b)."""
