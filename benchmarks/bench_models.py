@@ -48,8 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from results_md import (  # noqa: E402,F401 (bench_stream takes replace_between from here)
-    claimed, mean_sd, replace_between, row_key, row_seed)
+from results_md import claimed, mean_sd, row_key, row_seed, update_sections  # noqa: E402
 
 from recsys.config import ConfigError, build_dataclass, load_params  # noqa: E402
 from recsys.atomic import write_text_atomic  # noqa: E402
@@ -424,9 +423,7 @@ def merge(results: list[dict], path: Path = RESULTS) -> list[dict]:
             refuse_conflict(keep, r, path)
             keep[row_key(r)] = r
         merged = sorted(keep.values(), key=row_key)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=1) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(merged, indent=1) + "\n", path.parent)
         if path.resolve() == RESULTS.resolve():
             update_results_md(merged)
     return merged
@@ -468,10 +465,8 @@ def render_summary(rows: list[dict]) -> str:
 
 
 def update_results_md(rows: list[dict]) -> None:
-    md = ROOT / "benchmarks" / "RESULTS.md"
-    text = md.read_text() if md.is_file() else "# Benchmark results\n"
-    text = replace_between(text, "models-summary", render_summary(rows))
-    write_text_atomic(md, replace_between(text, "models", render_table(rows)), md.parent)
+    update_sections(ROOT / "benchmarks" / "RESULTS.md",
+                    {"models-summary": render_summary(rows), "models": render_table(rows)})
 
 
 @contextlib.contextmanager

@@ -66,12 +66,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_models import (  # noqa: E402
-    DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings, replace_between,
+    DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings,
     safe_name, work_area, zero_or)
-from results_md import claimed, mean_sd, save_figure  # noqa: E402
+from results_md import claimed, mean_sd, save_figure, update_sections  # noqa: E402
 
 from recsys import schema  # noqa: E402
-from recsys.atomic import write_text_atomic  # noqa: E402
 from recsys.checkpoint import read_meta  # noqa: E402
 from recsys.config import load_params  # noqa: E402
 from recsys.data import read_movielens_titles  # noqa: E402
@@ -425,8 +424,7 @@ def render_table(records: list[dict]) -> str:
 
 
 def update_results_md(records: list[dict]) -> None:
-    md = ROOT / "benchmarks" / "RESULTS.md"
-    write_text_atomic(md, replace_between(md.read_text(), "stream", render_table(records)), md.parent)
+    update_sections(ROOT / "benchmarks" / "RESULTS.md", {"stream": render_table(records)})
 
 
 def plot_path(record: dict, directory: Path) -> Path:

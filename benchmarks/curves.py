@@ -26,13 +26,12 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from results_md import mean_sd, replace_between, row_key, row_seed, save_figure  # noqa: E402
+from results_md import mean_sd, row_key, row_seed, save_figure, update_sections  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recsys.model_configs import TrainConfig  # noqa: E402  (no torch: parsing params does not load it)
-from recsys.atomic import write_text_atomic  # noqa: E402
 
 TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}  # a row's train settings this code still has
 RESULTS = ROOT / "benchmarks" / "results" / "models.json"
@@ -678,19 +677,17 @@ def main() -> int:
             if line:
                 lines.append(line)
     table = "\n".join(lines)
-    text = replace_between(MD.read_text(), "aims", table)
     gpu_rows = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.is_file() else []
-    text = replace_between(text, "targets", targets_table(all_rows, gpu_rows))
-    text = replace_between(text, "ablation", ablation_table(all_rows))
+    sections = {"aims": table, "targets": targets_table(all_rows, gpu_rows), "ablation": ablation_table(all_rows)}
     if SAME_MACHINE_RESULTS.is_file():
         same = json.loads(SAME_MACHINE_RESULTS.read_text())
-        text = replace_between(text, "same-machine", same_machine_table(all_rows, same))
+        sections["same-machine"] = same_machine_table(all_rows, same)
     if SAME_CODE_RESULTS.is_file():
-        text = replace_between(text, "same-code", same_code_table(json.loads(SAME_CODE_RESULTS.read_text())))
+        sections["same-code"] = same_code_table(json.loads(SAME_CODE_RESULTS.read_text()))
     if gpu_rows:
         steps = json.loads(STEP_RESULTS.read_text()) if STEP_RESULTS.is_file() else []
-        text = replace_between(text, "gpu", gpu_tables(gpu_rows, steps))
-    write_text_atomic(MD, text, MD.parent)
+        sections["gpu"] = gpu_tables(gpu_rows, steps)
+    update_sections(MD, sections)
     print(table)
     return 0
 

@@ -20,6 +20,19 @@ def replace_between(text: str, name: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
+def update_sections(md: Path, sections: dict[str, str]) -> None:
+    """Each generated section of `md` (benchmarks/RESULTS.md) named in `sections` replaced by its body
+    (replace_between), in one rename (recsys.atomic) under a claim on the file: two benchmark scripts that
+    finish together each keep the other's tables, and an interrupted write leaves the last file whole."""
+    from recsys.atomic import write_text_atomic  # (the importing script has put the repository root on sys.path)
+
+    with claimed(md):
+        text = md.read_text() if md.is_file() else "# Benchmark results\n"
+        for name, body in sections.items():
+            text = replace_between(text, name, body)
+        write_text_atomic(md, text, md.parent)
+
+
 def save_figure(fig, path: Path, dpi: int = 110) -> None:
     """`fig.savefig(path)` in one rename (recsys.atomic): a half-written picture never replaces the last one.
     The format is the path's suffix (the temporary file's name ends in .tmp)."""

@@ -872,3 +872,22 @@ def test_a_rows_seed_is_its_own_field_or_its_train_configs():
     assert row_key({"dataset": "ml-100k", "run": "sasrec", "seed": 43}) == ("ml-100k", "sasrec", 43)
     old = {"dataset": "ml-100k", "run": "sasrec", "train": {"seed": 42}}
     assert row_key(old) == ("ml-100k", "sasrec", 42)
+
+
+def test_results_sections_are_replaced_in_one_write_and_the_rest_kept(tmp_path):
+    """bench_models, bench_stream and curves.py rewrite their generated RESULTS.md tables through one
+    results_md.update_sections: named sections replaced, prose and other tables kept, an absent section
+    appended, nothing left beside the file but its (ignored) lock."""
+    from results_md import update_sections
+
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# R\nprose\n<!-- aims:begin -->\nold aims\n<!-- aims:end -->\nmore prose\n"
+                  "<!-- stream:begin -->\nold stream\n<!-- stream:end -->\n")
+    update_sections(md, {"aims": "new aims", "gpu": "gpu rows"})
+    assert md.read_text() == ("# R\nprose\n<!-- aims:begin -->\nnew aims\n<!-- aims:end -->\nmore prose\n"
+                              "<!-- stream:begin -->\nold stream\n<!-- stream:end -->\n"
+                              "\n<!-- gpu:begin -->\ngpu rows\n<!-- gpu:end -->\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["RESULTS.lock", "RESULTS.md"]
+    fresh = tmp_path / "new" / "RESULTS.md"
+    update_sections(fresh, {"models": "rows"})
+    assert fresh.read_text() == "# Benchmark results\n\n<!-- models:begin -->\nrows\n<!-- models:end -->\n"
