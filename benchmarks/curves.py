@@ -44,7 +44,9 @@ STEP_RESULTS = ROOT / "benchmarks" / "results" / "step.json"
 SAME_MACHINE_RESULTS = ROOT / "benchmarks" / "results" / "same-machine.json"
 # Both sides of a claim re-trained at one later commit (session 41: the BERT4Rec and SASRec trainers after the
 # masked-positions step, 2a9df9e), on this machine; their keys would replace the models.json rows trained at
-# the claims' older commits, so they live apart and feed only the same-code table
+# the claims' older commits, so they live apart and feed only the same-code table. Sides re-trained on another
+# box whose keys would replace these go to a file of their own, results/same-code-<box>.json (session 47:
+# same-code-xeon.json), compared among themselves
 SAME_CODE_RESULTS = ROOT / "benchmarks" / "results" / "same-code.json"
 MD = ROOT / "benchmarks" / "RESULTS.md"
 REF = "sasrec:ce@residual=reference,n_heads=2,patience=20,grad_clip=0"
@@ -512,17 +514,22 @@ def same_machine_table(rows: list[dict], same: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def same_code_table(same: list[dict]) -> str:
-    """The claims with a time aim whose two sides both have rows in `same` (results/same-code.json), compared
-    on those rows alone, each line naming the commit(s) they trained at."""
+def same_code_table(*batches: list[dict]) -> str:
+    """The claims with a time aim whose two sides both have rows in one of `batches` (results/same-code.json,
+    then each results/same-code-<box>.json), compared on that batch's rows alone, each line naming the
+    commit(s) they trained at, and the machine where it is one."""
     lines = [AIMS_HEADER]
-    for dataset in sorted({r["dataset"] for r in same}):
-        rows = by_run(same, dataset)
-        for model, base, aim, time_aim in CLAIMS:
-            line = compare(dataset, model, base, aim, time_aim, rows) if time_aim else None
-            if line:
-                commits = sorted({r.get("commit", "?") for r in rows[model] + rows[base]})
-                lines.append(line.replace(f" vs {base} |", f" vs {base} (at {', '.join(commits)}) |", 1))
+    for same in batches:
+        for dataset in sorted({r["dataset"] for r in same}):
+            rows = by_run(same, dataset)
+            for model, base, aim, time_aim in CLAIMS:
+                line = compare(dataset, model, base, aim, time_aim, rows) if time_aim else None
+                if line:
+                    sides = rows[model] + rows[base]
+                    where = ", ".join(sorted({r.get("commit", "?") for r in sides}))
+                    if len(machines := {processor(r) for r in sides}) == 1:
+                        where += f"; on {machines.pop()}"
+                    lines.append(line.replace(f" vs {base} |", f" vs {base} (at {where}) |", 1))
     return "\n".join(lines)
 
 
@@ -682,8 +689,9 @@ def main() -> int:
     if SAME_MACHINE_RESULTS.is_file():
         same = json.loads(SAME_MACHINE_RESULTS.read_text())
         sections["same-machine"] = same_machine_table(all_rows, same)
-    if SAME_CODE_RESULTS.is_file():
-        sections["same-code"] = same_code_table(json.loads(SAME_CODE_RESULTS.read_text()))
+    same_code = sorted(SAME_CODE_RESULTS.parent.glob(f"{SAME_CODE_RESULTS.stem}*.json"))
+    if same_code:
+        sections["same-code"] = same_code_table(*(json.loads(path.read_text()) for path in same_code))
     if gpu_rows:
         steps = json.loads(STEP_RESULTS.read_text()) if STEP_RESULTS.is_file() else []
         sections["gpu"] = gpu_tables(gpu_rows, steps)

@@ -154,8 +154,16 @@ def test_the_same_code_table_compares_a_claims_sides_retrained_at_one_commit():
     same.append({**_row(base, 42, 0.19, 300.0, 250.0), "dataset": "ml-1m-half", "commit": "2a9df9e"})
     lines = curves.same_code_table(same).splitlines()[2:]
     assert len(lines) == 1
-    assert lines[0].startswith(f"| ml-1m-half | {bert} vs {base} (at 2a9df9e) | 1 | 0.1800 / 0.1900 |")
+    assert lines[0].startswith(f"| ml-1m-half | {bert} vs {base} (at 2a9df9e; on unknown) | 1 | 0.1800 / 0.1900 |")
     assert "| 600 / 250 CPU s | 2.4 × | ≥ 0.90 × NDCG, ≤ 3 × time | met |" in lines[0]
+    # both sides again on another box (results/same-code-<box>.json, keys shared with same-code.json's):
+    # compared among themselves, on a line of their own that names that box
+    box = [{**r, "machine": "Intel(R) Xeon(R) Processor, 2 cores", "commit": "e38df61",
+            "cpu_seconds_to_best": r["cpu_seconds_to_best"] * 2} for r in same]
+    lines = curves.same_code_table(same, box).splitlines()[2:]
+    assert len(lines) == 2 and lines[0].startswith(f"| ml-1m-half | {bert} vs {base} (at 2a9df9e; on unknown) |")
+    assert lines[1].startswith(f"| ml-1m-half | {bert} vs {base} (at e38df61; on Intel(R) Xeon(R) Processor) |")
+    assert "| 1200 / 500 CPU s | 2.4 × |" in lines[1]
 
 
 def _gpu_row(run: str, seed: int, ndcg: float, wall: float, cpu: float, batch: int, minutes: float) -> dict:
