@@ -265,7 +265,7 @@ ABLATION = (
     (BERT4REC_100K_AD0, BERT4REC_DEFAULT_RUN,
      "BERT4Rec: no dropout on the attention weights (attn_dropout 0; hidden dropout 0.2 stays)"),
     (BERT4REC_P80_AD0, BERT4REC_P80, "BERT4Rec: no dropout on the attention weights, at patience 80"),
-    (BERT4REC_AD0_COS300, BERT4REC_P80_AD0,
+    (BERT4REC_AD0_COS300, BERT4REC_100K_AD0,
      "BERT4Rec without attention dropout: a budget of 300 epochs, lr 3e-3 after a 100-step warm-up, cosine to 0"),
 )
 
