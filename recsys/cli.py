@@ -14,14 +14,15 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
 from recsys.atomic import file_in_the_way
 from recsys.config import load_params, params_root, validate_name, workspace_root
 from recsys.entry import (
-    VERBOSE_ENV, not_utf8, repeated_option, report_user_error, usage_line, user_errors, verbose_requested,
+    VERBOSE_ENV, first_repeat, not_utf8, option_words, report_user_error, usage_line, user_errors,
+    verbose_requested,
 )
 from recsys.layout import DATA
 
@@ -331,10 +332,9 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 _reflow_help(app)
 
 
-def _repeated_option(args: list[str]) -> str | None:
-    """The refusal of an option given twice (`--user a --user b`: Click keeps the last one silently), as
-    `python -m` entry points refuse it (recsys.entry.repeated_option); options meant to repeat (`--column`)
-    may."""
+def _option_words(args: list[str]) -> Iterator[tuple[int, str, tuple | None]]:
+    """recsys.entry.option_words over recsys's Click tree: each option word in `args` (a value is skipped:
+    `--user -v` names a user `-v`), looked up on the command the words before it name."""
     command = [typer.main.get_command(app)]
 
     def enter(word: str) -> None:  # a subcommand's name (a value is skipped before it gets here)
@@ -348,7 +348,14 @@ def _repeated_option(args: list[str]) -> str | None:
         repeatable = getattr(param, "multiple", False) or getattr(param, "count", False)
         return (command[0].name, param.name), repeatable, 0 if flag else max(param.nargs, 1)
 
-    return repeated_option(args, lookup, enter)
+    return option_words(args, lookup, enter)
+
+
+def _repeated_option(args: list[str]) -> str | None:
+    """The refusal of an option given twice (`--user a --user b`: Click keeps the last one silently), as
+    `python -m` entry points refuse it (recsys.entry.repeated_option); options meant to repeat (`--column`)
+    may."""
+    return first_repeat(_option_words(args))
 
 
 def _command_path(args: list[str]) -> str:
@@ -371,10 +378,10 @@ VERBOSE_FLAGS = ("--verbose", "-v")
 def verbose_first(args: list[str]) -> list[str]:
     """`recsys registry history --verbose` as `recsys --verbose registry history`: the flag belongs to the
     group (no command has an option of that name), and Click refused it after the command ("No such option");
-    the `python -m` entry points take it anywhere. A value after `--` stays where it is."""
-    end = args.index("--") if "--" in args else len(args)
-    flags = [arg for arg in args[:end] if arg in VERBOSE_FLAGS]
-    return [*flags, *(arg for arg in args[:end] if arg not in VERBOSE_FLAGS), *args[end:]]
+    the `python -m` entry points take it anywhere. A value stays where it is: after `--`, or an option's
+    (`--user -v`)."""
+    moved = {index for index, _, _ in _option_words(args) if args[index] in VERBOSE_FLAGS}
+    return [*(args[i] for i in sorted(moved)), *(arg for i, arg in enumerate(args) if i not in moved)]
 
 
 def negative_number_hint(message: str, command: str) -> str:

@@ -13,7 +13,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 from recsys.layout import PARAMS
 
@@ -87,21 +87,20 @@ _REPEATABLE = (argparse._HelpAction, argparse._VersionAction, argparse._AppendAc
                argparse._CountAction, argparse._ExtendAction)
 
 
-def repeated_option(args: list[str], lookup: Callable[[str], tuple | None],
-                    on_word: Callable[[str], None] = lambda word: None) -> str | None:
-    """The refusal of an option given twice in `args` (spelled alike or not: `-v --verbose`), or None.
+def option_words(args: list[str], lookup: Callable[[str], tuple | None],
+                 on_word: Callable[[str], None] = lambda word: None) -> Iterator[tuple[int, str, tuple | None]]:
+    """Each option given in `args` before `--`, as (index of its word, option as spelled, `lookup(option)`).
     `lookup(option)` says what an option string is — (key, may repeat, how many values it takes) — or None
-    for no option; its values are skipped (`--out --x` names a folder `--x`), attached ones too (`-n3`,
-    `--out=a`), and a cluster of short flags (`-vn 3`) counts each. `on_word` hears every other word before
-    `--` (a subcommand's name changes what the options are)."""
-    given: dict[Any, str] = {}
+    for no option; its values are skipped (`--out --x` names a folder `--x`, `--user -v` a user `-v`),
+    attached ones too (`-n3`, `--out=a`), and a cluster of short flags (`-vn 3`) yields each. `on_word` hears
+    every other word before `--` (a subcommand's name changes what the options are)."""
     skip = 0
-    for arg in args:
+    for index, arg in enumerate(args):
         if skip:
             skip -= 1
             continue
         if arg == "--":
-            break
+            return
         if not arg.startswith("-") or arg == "-":
             on_word(arg)
             continue
@@ -112,22 +111,34 @@ def repeated_option(args: list[str], lookup: Callable[[str], tuple | None],
             options = []
             for i, char in enumerate(arg[1:], 1):
                 found = lookup(f"-{char}")
-                if found is None:
-                    break
                 options.append((f"-{char}", found, i < len(arg) - 1))
-                if found[2]:  # it takes a value: the rest of the word, or the next word
+                if found is None or found[2]:  # no such option, or it takes a value: the rest of the word
                     break
         for spelled, found, attached in options:
-            if found is None:
-                continue
-            key, repeatable, values = found
-            skip = 0 if attached or not values else values
-            if repeatable:
-                continue
-            if key in given:
-                also = "" if given[key] == spelled else f" (also as {given[key]})"
-                return f"{spelled} given twice{also}: give it once"
-            given[key] = spelled
+            skip = 0 if found is None or attached or not found[2] else found[2]
+            yield index, spelled, found
+
+
+def repeated_option(args: list[str], lookup: Callable[[str], tuple | None],
+                    on_word: Callable[[str], None] = lambda word: None) -> str | None:
+    """The refusal of an option given twice in `args` (spelled alike or not: `-v --verbose`), or None;
+    `lookup` and `on_word` as `option_words` takes them (options meant to repeat may)."""
+    return first_repeat(option_words(args, lookup, on_word))
+
+
+def first_repeat(words: Iterable[tuple[int, str, tuple | None]]) -> str | None:
+    """The refusal of the first option `option_words` yields twice that may not repeat, or None."""
+    given: dict[Any, str] = {}
+    for _, spelled, found in words:
+        if found is None:
+            continue
+        key, repeatable, _ = found
+        if repeatable:
+            continue
+        if key in given:
+            also = "" if given[key] == spelled else f" (also as {given[key]})"
+            return f"{spelled} given twice{also}: give it once"
+        given[key] = spelled
     return None
 
 

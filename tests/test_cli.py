@@ -537,6 +537,19 @@ def test_verbose_is_moved_to_the_group_but_not_from_after_a_double_dash():
     assert verbose_first(["data", "batch", "--", "--verbose"]) == ["data", "batch", "--", "--verbose"]
 
 
+def test_verbose_that_is_an_options_value_stays_its_value(monkeypatch, capsys, tmp_path):
+    """`--user -v` names a user `-v` (Click gives an option the next word); moving it to the group left
+    `--user` without its value ("Option '--user' requires an argument")."""
+    from recsys.cli import verbose_first
+
+    assert verbose_first(["recommend", "--user", "-v"]) == ["recommend", "--user", "-v"]
+    assert verbose_first(["recommend", "--user", "-v", "-v"]) == ["-v", "recommend", "--user", "-v"]
+    monkeypatch.chdir(tmp_path)  # no params.yaml: the refusal after the options were read
+    code, _, err = run_cli(monkeypatch, capsys, "recommend", "--user", "-v")
+    assert code == 1
+    assert_one_line_error(err, "params file not found")
+
+
 def test_unknown_model_names_the_known_ones(monkeypatch, capsys, write_params):
     code, _, err = run_cli(monkeypatch, capsys, "train", "--model", "nosuch", "--params", str(write_params()))
     assert code == 1
