@@ -402,12 +402,13 @@ def main() -> None:
     _setup_logging()
     end_by_sigint_when_interrupted()
     # before any command runs; --verbose counted where Click reads it, on the group (`train -v -v` too)
-    if refusal := not_utf8(sys.argv[1:]) or _repeated_option(verbose_first(sys.argv[1:])):
+    args = verbose_first(sys.argv[1:])
+    if refusal := not_utf8(sys.argv[1:]) or _repeated_option(args):
         print(usage_line(_command_path(sys.argv[1:]), refusal), file=sys.stderr)
         sys.exit(2)
     try:
         # the console script, also in-process (tests)
-        code = app(args=verbose_first(sys.argv[1:]), prog_name="recsys", standalone_mode=False)
+        code = app(args=args, prog_name="recsys", standalone_mode=False)
     except user_errors() as err:
         report_user_error(err, verbose_requested())
         sys.exit(1)
