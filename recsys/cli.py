@@ -7,6 +7,7 @@ unless `--verbose` (`recsys --verbose COMMAND ...`) asks for one.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import inspect
 import logging
@@ -332,10 +333,17 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 _reflow_help(app)
 
 
+@functools.cache
+def _click_tree() -> typer.core.TyperGroup:
+    """recsys's commands as Click builds them, read (never changed) by the checks before a command runs; built
+    once a process (every command is registered when this module is imported)."""
+    return typer.main.get_command(app)
+
+
 def _option_words(args: list[str]) -> Iterator[tuple[int, str, tuple | None]]:
     """recsys.entry.option_words over recsys's Click tree: each option word in `args` (a value is skipped:
     `--user -v` names a user `-v`), looked up on the command the words before it name."""
-    command = [typer.main.get_command(app)]
+    command = [_click_tree()]
 
     def enter(word: str) -> None:  # a subcommand's name (a value is skipped before it gets here)
         command[0] = getattr(command[0], "commands", {}).get(word, command[0])
@@ -361,7 +369,7 @@ def _repeated_option(args: list[str]) -> str | None:
 def _command_path(args: list[str]) -> str:
     """The command `args` name (`recsys registry history` for `registry history -n`), for a usage error Click
     raises without its context (an option given no value): the leading words that are commands."""
-    command, path = typer.main.get_command(app), ["recsys"]
+    command, path = _click_tree(), ["recsys"]
     for arg in args:
         if arg.startswith("-"):
             continue  # a group's own option (`--verbose`)
