@@ -97,6 +97,12 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
                     _file_away(path, summary, where, read_as)
                 run.append(summary)
         except Exception as err:  # e.g. `dvc add` failing at the third batch: the first two are done
+            # ... and pushed before the error goes up: the remote is not left short of the committed batches
+            # until some later run (a deterministic failure is not retried). A push that fails too keeps its
+            # marker for the next run; the batch's own error is the one to act on first.
+            late = push_error or _push(where, config, run)
+            if late:
+                run.actions.append(f"push not completed: {late}")
             with contextlib.suppress(AttributeError):  # (an exception that takes no attributes: not ours)
                 err.run = run  # type: ignore[attr-defined]
             raise

@@ -5,6 +5,7 @@ which is what `kill -9` does to it), then a re-run. Afterwards: exactly-once dat
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from test_ingest_support import (
 )
 
 from recsys import ingest
+from recsys.ingest import commit as commit_module
 from recsys.ingest.layout import NOTHING_TO_INGEST
 from recsys.ingest.manifest import read_manifest
 from recsys.store import read_store
@@ -198,3 +200,33 @@ def test_a_rejected_batch_fails_the_run_with_one_line_once_the_others_are_ingest
     assert (repo / "inbox" / "rejected" / "b_bad.csv").is_file() and report.is_file()
     clean, status = dvc_clean(repo)
     assert clean, status
+
+
+def test_a_batch_that_fails_after_others_were_committed_still_pushes_them(repo, monkeypatch):
+    """A deterministic failure at the second batch (recording it fails: a full disk) is not retried, so the
+    run pushes what it committed before the error goes up: the remote is not left short of the first batch
+    (nor of the second's rows, in data.dvc since its `dvc add`) until some later run happens to push."""
+    write_frame(repo / "inbox" / "a.csv", events(5, start=600))
+    write_frame(repo / "inbox" / "b.csv", events(5, start=700))
+    real = commit_module.append_manifest
+
+    def full_at_b(manifest, record):  # the only mocked fault: ENOSPC cannot be produced for real here
+        if record["source"] == "b.csv":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(manifest, record)
+
+    monkeypatch.setattr(commit_module, "append_manifest", full_at_b)
+    with pytest.raises(ingest.IngestError, match="recording the batch failed") as failed:
+        ingest.ingest_inbox(repo, config(dvc_push=True))
+    assert [s.status for s in failed.value.run] == ["ingested"]
+    assert [a for a in failed.value.run.actions if a.startswith("pushed: data version ")], failed.value.run.actions
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    monkeypatch.undo()
+    again = cli(repo)  # recovery records b; nothing is owed to the remote
+    assert again.returncode == 0, again.stderr
+    assert len(read_store(repo / "data")) == 40
+    assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == ["h.csv", "a.csv", "b.csv"]
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    assert leftovers(repo) == []
