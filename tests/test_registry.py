@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -437,6 +438,26 @@ def test_artifacts_are_content_addressed(tmp_path):
     assert sorted(p.name for p in a.path.iterdir()) == [
         "MANIFEST.json", "items.json", "model.json", "model.safetensors", "users.json"]
     assert not (tmp_path / "store" / "tmp").exists() or not any((tmp_path / "store" / "tmp").iterdir())
+
+
+def test_a_stored_artifact_is_on_the_disk_before_its_address_names_it(tmp_path, monkeypatch):
+    """The registry commits a version row naming the address right after `put`: every file and folder of the
+    copy is flushed before the rename that gives it that address, and the folder holding it after. (The only
+    mock: a power cut cannot be produced here, so the flushes are recorded, not survived.)"""
+    from recsys.registry import store as store_module
+
+    events = []
+    monkeypatch.setattr(store_module, "fsync_path", lambda path: events.append(("fsync", Path(path))))
+    monkeypatch.setattr(store_module, "fsync_dir", lambda path: events.append(("fsync", Path(path))))
+    real_rename = os.rename
+    monkeypatch.setattr(store_module.os, "rename",
+                        lambda a, b: (events.append(("rename", Path(b))), real_rename(a, b))[1])
+    store = ArtifactStore(tmp_path / "store")
+    stored = store.put(make_checkpoint(tmp_path / "x", "ck", payload=b"w"))
+    at = events.index(("rename", stored.path))
+    before = {path.name for kind, path in events[:at] if kind == "fsync"}
+    assert {f.name for f in stored.path.iterdir()} | {"copy"} <= before, events
+    assert ("fsync", stored.path.parent) in events[at:], events
 
 
 @pytest.mark.parametrize(

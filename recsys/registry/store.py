@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from recsys.atomic import fsync_dir, fsync_path
 from recsys.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,9 @@ class ArtifactStore:
             sha256 = listing_digest(listing)
             (tmp / MANIFEST).write_text(json.dumps({"sha256": sha256, "files": listing}, indent=1))
             _make_read_only(tmp)
+            # On the disk before it has an address: the registry commits a version row that names it next,
+            # and a power cut must not leave that row pointing at empty or truncated files.
+            _fsync_tree(tmp)
             final = self.path_for(sha256)
             final.parent.mkdir(parents=True, exist_ok=True)
             if final.exists():
@@ -151,6 +155,8 @@ class ArtifactStore:
                 except OSError:
                     if not final.exists():  # not a concurrent put of the same content: a real error
                         raise
+                fsync_dir(final.parent)  # the rename itself
+                fsync_dir(final.parent.parent)  # and `sha256/`, where this put created it
             self.verify(sha256)
             return StoredArtifact(sha256, final)
 
@@ -257,6 +263,16 @@ def remove_stale_scratch(tmp_root: Path) -> list[str]:
         log.info("removed %d scratch director%s left by killed operations under %s", len(removed),
                  "y" if len(removed) == 1 else "ies", tmp_root)
     return removed
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file below `directory`, then every folder (deepest first, `directory` last)."""
+    paths = sorted(directory.rglob("*"), key=lambda path: len(path.parts), reverse=True)
+    for path in paths:
+        if path.is_file() and not path.is_symlink():
+            fsync_path(path)
+    for path in [*(p for p in paths if p.is_dir() and not p.is_symlink()), directory]:
+        fsync_dir(path)
 
 
 def _make_read_only(directory: Path) -> None:
