@@ -32,7 +32,8 @@ def read_manifest(manifest: Path) -> list[dict[str, Any]]:
 
 def repair_manifest(manifest: Path) -> None:
     """Drop a torn last line (a crash in the middle of an append); its batch is re-recorded from the
-    journal."""
+    journal. A last line that is a whole batch record without its newline (a file fixed or restored by an
+    editor that drops the final newline) is no crash's leftover: it is kept and its newline written."""
     if not manifest.exists():
         return
     with open(manifest, "r+b") as handle:  # the end only: every run calls this, whatever the history's size
@@ -51,10 +52,28 @@ def repair_manifest(manifest: Path) -> None:
                 cut = start + newline + 1
                 break
             cut = start
-        handle.truncate(cut)
+        handle.seek(cut)
+        whole = _batch_record(handle.read(size - cut))
+        if whole:
+            handle.seek(size)
+            handle.write(b"\n")
+        else:
+            handle.truncate(cut)
         handle.flush()
         os.fsync(handle.fileno())
-    log.warning("removed a torn last line from %s", manifest)
+    if whole:
+        log.info("ended the last line of %s (a whole record without its newline)", manifest)
+    else:
+        log.warning("removed a torn last line from %s", manifest)
+
+
+def _batch_record(line: bytes) -> bool:
+    """Whether `line` is a whole batch record (a JSON object with its batch's sha256), not a torn one."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # (UnicodeDecodeError too: a line cut inside a character)
+        return False
+    return isinstance(record, dict) and isinstance(record.get("batch_sha256"), str)
 
 
 def append_manifest(manifest: Path, record: dict[str, Any]) -> None:

@@ -186,3 +186,22 @@ def test_a_torn_last_manifest_line_is_cut_reading_only_the_end(tmp_path):
     manifest.write_text('{"torn')  # no complete line at all
     repair_manifest(manifest)
     assert manifest.read_bytes() == b""
+
+
+
+def test_a_whole_last_record_without_its_newline_is_kept_and_ended(tmp_path):
+    """What an editor that drops the final newline leaves (the error for a broken manifest says to fix or
+    restore it): no crash's torn line, so the record stays, and the next append starts a line of its own."""
+    from recsys.ingest.manifest import append_manifest, read_manifest, repair_manifest
+
+    manifest = tmp_path / "m.jsonl"
+    lines = [f'{{"batch_sha256": "{i:064x}", "source": "b{i}.csv"}}' for i in range(3)]
+    manifest.write_text("\n".join(lines))  # the last line has no newline
+    repair_manifest(manifest)
+    assert manifest.read_text() == "\n".join(lines) + "\n"
+    append_manifest(manifest, {"batch_sha256": f"{3:064x}", "source": "b3.csv"})
+    assert [r["source"] for r in read_manifest(manifest)] == ["b0.csv", "b1.csv", "b2.csv", "b3.csv"]
+    for torn in ('{"batch_sha256": "ab"', '{"source": "x.csv"}', '[1, 2]', '{"batch_sha256": "\xc3'):
+        manifest.write_text(lines[0] + "\n" + torn)  # torn, or JSON that is no batch record: cut
+        repair_manifest(manifest)
+        assert manifest.read_text() == lines[0] + "\n", torn
