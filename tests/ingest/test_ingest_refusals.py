@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from flow_support import NOT_AN_INBOX
@@ -97,6 +98,29 @@ def test_an_output_path_a_run_cannot_or_must_not_write_is_refused_before_anythin
     assert (done.returncode, done.stdout) == (1, ""), done.stdout + done.stderr
     assert done.stderr.splitlines() == [f"error: {says.format(repo=repo)}"], done.stderr
     assert tree(repo) == before
+
+
+def test_a_quarantine_on_another_file_system_is_refused_before_anything_is_touched(repo):
+    """A quarantine file is written in .ingest/tmp/ and renamed into place, which cannot cross file systems:
+    the rename failed at the first bad row ("could not write the store (Invalid cross-device link)"), and the
+    batch then stayed in the inbox, stopping every later run at it. A real second file system (tmpfs)."""
+    other = Path("/dev/shm")
+    if not other.is_dir() or other.stat().st_dev == repo.stat().st_dev:
+        pytest.skip("no second file system at /dev/shm")
+    quarantine = other / f"recsys-quarantine-{os.getpid()}"  # not created: refused before anything is written
+    (repo / "params.yaml").write_text(PARAMS.format(inbox="inbox") + f"  quarantine: {quarantine}\n"
+                                      "  max_bad_row_share: 0.2\n")
+    batch = events(10, start=500)
+    batch.loc[0, "user_id"] = None  # one row to quarantine (1 in 10 is within the share allowed)
+    write_frame(repo / "inbox" / "b.csv", batch)
+    before = tree(repo)
+    done = cli(repo)
+    assert (done.returncode, done.stdout) == (1, ""), done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: ingest.quarantine ({quarantine}) is on another file system than the workspace's .ingest/ "
+        "(where ingest writes each quarantine file before one rename puts it in place): set ingest.quarantine "
+        "in params.yaml to a folder on the repository's disk, such as quarantine"], done.stderr
+    assert tree(repo) == before and not quarantine.exists()
 
 
 @pytest.mark.parametrize("name, says", [
