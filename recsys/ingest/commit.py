@@ -10,6 +10,7 @@ the process at each step (`RECSYS_FAULT=<name>`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import sqlite3
 import time
@@ -136,6 +137,13 @@ def commit(
         remove_if_there(journal)
         if isinstance(err, IngestError):
             raise
+        if err.errno == errno.EXDEV:  # a mount the file-system check cannot see (a bind mount: same device)
+            raise IngestError(
+                f"{source}: nothing was changed: ingest.quarantine or the raw store is on another mount than "
+                f"{where.scratch.parent}, where ingest writes files before one rename puts them in place (a "
+                "rename cannot cross mounts); keep both on the repository's mount (ingest.quarantine in "
+                "params.yaml)"
+            ) from err
         raise IngestError(
             f"{source}: could not write the store ({err.strerror or err}); nothing was changed"
         ) from err

@@ -108,27 +108,35 @@ def _check_outputs(where: Paths) -> None:
     # A quarantine file and a store part are written in the scratch folder and renamed into place in one
     # step, which cannot cross file systems: refused here, before anything runs, not as a failed rename at
     # the first bad row that then holds the inbox at that batch on every run.
-    scratch = _device(where.scratch)
-    if _device(where.quarantine) != scratch:
+    if _apart(where.quarantine, where.scratch):
         raise ConfigError(f"ingest.quarantine ({where.quarantine}) is on another file system than the "
                           f"workspace's {_shown(where.state, root)} (where ingest writes each quarantine file "
                           "before one rename puts it in place): set ingest.quarantine in "
                           f"{where.params.name} to a folder on the repository's disk, such as "
                           f"{IngestConfig.quarantine}")
-    if _device(where.store) != scratch:
+    if _apart(where.store, where.scratch):
         raise ConfigError(f"the raw store {where.store} is on another file system than the workspace's "
                           f"{_shown(where.state, root)} (where ingest writes each part before one rename puts "
                           "it in the store): keep both on one disk")
 
 
-def _device(path: Path) -> int:
-    """The file system `path` is (or, not there yet, would be created) on: its nearest existing folder's."""
+def _apart(path: Path, scratch: Path) -> bool:
+    """Whether `path` is on another file system than `scratch` (False where either cannot be told)."""
+    devices = _device(path), _device(scratch)
+    return None not in devices and devices[0] != devices[1]
+
+
+def _device(path: Path) -> int | None:
+    """The file system `path` is (or, not there yet, would be created) on: its nearest existing folder's;
+    None where that cannot be told (a folder on the way that may not be read), which the check then skips."""
     for existing in (path, *path.parents):
         try:
             return existing.stat().st_dev
-        except OSError:  # absent (or unreadable: the next folder up decides)
+        except (FileNotFoundError, NotADirectoryError):  # not there (yet): the folder it would be made in
             continue
-    return -1
+        except OSError:
+            return None
+    return None
 
 
 def _not_an_inbox(where: Paths, config: IngestConfig) -> str | None:

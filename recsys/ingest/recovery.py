@@ -173,7 +173,8 @@ def complete_push(paths: Paths, config: IngestConfig, interrupted: bool = False)
             transient=failure.transient,  # an unreachable remote may come back; a missing one will not
         )
     fault_point("after_push")
-    paths.push_marker.unlink()
-    fsync_dir(paths.state)
+    if not any(paths.pending.glob("*.json")):  # a commit in progress may add a version yet: the marker stays
+        paths.push_marker.unlink()
+        fsync_dir(paths.state)
     what = "completed an interrupted push" if interrupted else "pushed"
     return f"{what}: data version {version} is on the DVC remote"

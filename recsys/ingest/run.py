@@ -100,11 +100,14 @@ def _run(where: Paths, config: IngestConfig, files: list[Path] | None, move: boo
             # ... and pushed before the error goes up: the remote is not left short of the committed batches
             # until some later run (a deterministic failure is not retried). A push that fails too keeps its
             # marker for the next run; the batch's own error is the one to act on first.
-            late = push_error or _push(where, config, run)
-            if late:
-                run.actions.append(f"push not completed: {late}")
             with contextlib.suppress(AttributeError):  # (an exception that takes no attributes: not ours)
                 err.run = run  # type: ignore[attr-defined]
+            try:
+                late: BaseException | None = push_error or _push(where, config, run)
+            except Exception as failed:  # (an OSError, a damaged data.dvc): never in place of the batch's error
+                late = failed
+            if late:
+                run.actions.append(f"push not completed: {late}")
             raise
         # An unreachable remote does not stop local ingestion; the run fails at the end, the marker stays.
         push_error = push_error or _push(where, config, run)

@@ -220,13 +220,46 @@ def test_a_batch_that_fails_after_others_were_committed_still_pushes_them(repo, 
         ingest.ingest_inbox(repo, config(dvc_push=True))
     assert [s.status for s in failed.value.run] == ["ingested"]
     assert [a for a in failed.value.run.actions if a.startswith("pushed: data version ")], failed.value.run.actions
-    clean, status = dvc_clean(repo)
+    clean, status = dvc_clean(repo)  # data.dvc names b's part since its `dvc add`: the remote has both
     assert clean, status
+    # b's journal waits for recovery, which may add a version yet (a reader's recovery too): the marker stays
+    assert (repo / ".ingest" / "push-pending.json").is_file()
     monkeypatch.undo()
-    again = cli(repo)  # recovery records b; nothing is owed to the remote
+    again = cli(repo)  # recovery records b, and the run pushes what it owes
     assert again.returncode == 0, again.stderr
     assert len(read_store(repo / "data")) == 40
     assert [r["source"] for r in read_manifest(repo / "ingest_manifest.jsonl")] == ["h.csv", "a.csv", "b.csv"]
+    clean, status = dvc_clean(repo)
+    assert clean, status
+    assert leftovers(repo) == []
+
+
+def test_a_batch_that_fails_while_the_remote_is_unreachable_says_both(repo, monkeypatch, tmp_path):
+    """The push attempted after a batch's failure fails too: the batch's error is the one raised, the push's
+    is said beside it, and the marker stays for the next run."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the remote folder should be")
+    good_remote = run([str(VENV_BIN / "dvc"), "remote", "list"], repo).split()[1]
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", str(blocked)], repo)
+    write_frame(repo / "inbox" / "a.csv", events(5, start=800))
+    write_frame(repo / "inbox" / "b.csv", events(5, start=900))
+    real = commit_module.append_manifest
+
+    def full_at_b(manifest, record):  # the only mocked fault: ENOSPC cannot be produced for real here
+        if record["source"] == "b.csv":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(manifest, record)
+
+    monkeypatch.setattr(commit_module, "append_manifest", full_at_b)
+    with pytest.raises(ingest.IngestError, match="recording the batch failed") as failed:
+        ingest.ingest_inbox(repo, config(dvc_push=True))
+    late = [a for a in failed.value.run.actions if a.startswith("push not completed: ")]
+    assert len(late) == 1 and "the DVC remote does not have data version" in late[0], failed.value.run.actions
+    assert (repo / ".ingest" / "push-pending.json").is_file()
+    monkeypatch.undo()
+    run([str(VENV_BIN / "dvc"), "remote", "modify", "local", "url", good_remote], repo)
+    again = cli(repo)
+    assert again.returncode == 0 and "completed an interrupted push" in again.stdout, again.stderr
     clean, status = dvc_clean(repo)
     assert clean, status
     assert leftovers(repo) == []

@@ -448,6 +448,26 @@ def test_disk_full_during_the_part_write_changes_nothing(repo, monkeypatch):
     assert ingest_one(repo, path).status == "ingested"  # a retry after freeing space works
 
 
+def test_a_store_on_another_mount_is_said_as_such_and_changes_nothing(repo, monkeypatch):
+    """A bind mount shares its device number, so the file-system check before the run cannot see it, but the
+    rename from .ingest/tmp/ into the store fails with EXDEV: the one line says what is wrong and what to do."""
+    path = write_frame(repo / "inbox" / "m.csv", events(10, start=1150).assign(user_id=lambda f: f.user_id + "m"))
+    before = snapshot(repo)
+    real = os.replace
+
+    def across_mounts(source, target):  # the only mocked fault: no bind mount can be made here
+        if "interactions" in str(target):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(source, target)
+
+    monkeypatch.setattr(raw_store.os, "replace", across_mounts)
+    with pytest.raises(ingest.IngestError, match="m.csv: nothing was changed: ingest.quarantine or the raw "
+                       "store is on another mount than .*\\.ingest, .* keep both on the repository's mount"):
+        ingest_one(repo, path)
+    assert snapshot(repo) == before
+    assert list((repo / ".ingest" / "pending").iterdir()) == []
+
+
 @pytest.mark.parametrize("step", ["manifest", "index", "report"])
 def test_disk_full_after_dvc_add_keeps_the_part_and_the_next_run_records_it(repo, monkeypatch, step):
     """Once data.dvc has the part, a failure is completed, never undone: the part and the journal stay."""
