@@ -104,7 +104,12 @@ def split_otherwise(version: Any, prepare: PrepareConfig | None) -> str | None:
     `prepare`'s ("prepare.split loo, now global_time"), or None when they match or either is unknown. A
     version trained under other ones may have learnt events today's split validates and tests on: it is
     never a warm source (recsys/warm_source.py) nor the gate's yardstick (recsys/promotion.py)."""
-    recorded = (version.params or {}).get("prepare")
+    return split_changes((version.params or {}).get("prepare"), prepare)
+
+
+def split_changes(recorded: Any, prepare: PrepareConfig | None) -> str | None:
+    """`split_otherwise` for recorded split settings as they are (a checkpoint's "prepare", the train stage's
+    check of its warm source, recsys/warm.py): how they differ from `prepare`'s, or None."""
     if prepare is None or not isinstance(recorded, dict):
         return None
     ours = _split_settings(prepare)

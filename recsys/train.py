@@ -171,7 +171,8 @@ def train_model(
     user_ids = prepared.users["user_id"].tolist()
     # Before the optimiser exists, so a warm start always gets a fresh one.
     init = initialise(model, model_name, model_config, cfg, Path(warm_dir) if warm_dir else None, item_ids,
-                      user_ids, held_out_from=prepared.fingerprint.get("held_out_from"))
+                      user_ids, held_out_from=prepared.fingerprint.get("held_out_from"),
+                      split=prepared.fingerprint.get("config"))
     out_dir = Path(out_dir)
     curve_rows: list[dict] = []
 

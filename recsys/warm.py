@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from recsys.atomic import remove_stale_temp_dirs, replace_dir
 from recsys.checkpoint import CheckpointError, read_meta
-from recsys.config import ConfigError
+from recsys.config import ConfigError, PrepareConfig
 from recsys.held_out import late_data_leak
 from recsys.layout import WARM_SOURCE_FILE
+from recsys.lineage import split_changes
 from recsys.model_configs import TrainConfig
 
 if TYPE_CHECKING:
@@ -205,16 +206,19 @@ def check_files(warm_dir: Path, files: Sequence[tuple[str, int, str]]) -> None:
 
 def start(model: SequentialModel, model_name: str, model_config: Any, cfg: TrainConfig, warm_dir: Path | None,
           item_ids: Sequence[str], user_ids: Sequence[str],
-          held_out_from: float | None = None) -> dict[str, Any] | None:
+          held_out_from: float | None = None, split: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Apply `cfg.init` to a freshly built `model`. Returns what the checkpoint records under `init` — None
     for `cold` (and for models that learn by counting), so a cold checkpoint is what it always was.
     `held_out_from`: today's global_time cut (the prepared fingerprint's); a champion that trained on events
-    from it on is refused (`late_data_leak`)."""
+    from it on is refused (`late_data_leak`). `split`: the prepare settings today's data was split with (the
+    prepared fingerprint's config); a champion whose checkpoint recorded others is refused too — `recsys warm`
+    never picks one, but `dvc repro` after a change to prepare's settings reruns this stage on the source an
+    earlier `recsys warm` wrote."""
     if cfg.init == "cold" or not model.trainable:
         return None
     ids = {"items": [None, *map(str, item_ids)], "users": [None, *map(str, user_ids)]}
     try:
-        record = _warm_start(model, model_name, model_config, cfg, warm_dir, ids, held_out_from)
+        record = _warm_start(model, model_name, model_config, cfg, warm_dir, ids, held_out_from, split)
     except WarmStartRefused as refused:
         if cfg.init == "warm":
             raise ConfigError(f"{model_name}: cannot warm-start: {refused}; {refused.fix}, or set train.init "
@@ -229,7 +233,8 @@ def start(model: SequentialModel, model_name: str, model_config: Any, cfg: Train
 
 
 def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg: TrainConfig,
-                warm_dir: Path | None, ids: dict[str, list], held_out_from: float | None) -> dict[str, Any]:
+                warm_dir: Path | None, ids: dict[str, list], held_out_from: float | None,
+                split: dict[str, Any] | None = None) -> dict[str, Any]:
     source = read_source(warm_dir)
     rewrite = f"run `recsys warm` once a {model_name} version is champion"
     if source.version is None:
@@ -244,6 +249,11 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     if leak := late_data_leak(meta.get("train_until"), held_out_from):
         raise WarmStartRefused(f"the champion {v} was {leak}", "train this version cold (a version trained on "
                                                                 "today's split can be the next source)")
+    if changed := _split_changes(meta.get("prepare"), split):
+        raise WarmStartRefused(f"the champion {v} trained on data split otherwise ({changed}): it may have "
+                               "learnt events today's split validates and tests on",
+                               "run `recsys warm` (it picks a source split as today's data is), or train this "
+                               "version cold")
     from recsys.models import config_from_dict
 
     try:  # the champion's config as this version reads it: retired keys dropped, keys added since defaulted
@@ -289,6 +299,17 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
             "from_sha256": source.artifact_sha256, "warm_streak": streak + 1, **counts, "fresh": fresh,
             **({"keep": cfg.warm_keep} if cfg.warm_keep != 1.0 else {}),
             **({"from_train_until": until} if isinstance(until, (int, float)) else {})}
+
+
+def _split_changes(recorded: Any, split: dict[str, Any] | None) -> str | None:
+    """How the champion's recorded prepare settings differ from today's (`recsys.lineage.split_changes`)."""
+    if not isinstance(split, dict):
+        return None
+    try:
+        today = PrepareConfig(**split)
+    except (TypeError, ValueError):  # prepared by another recsys version: `recsys warm` checked the source
+        return None
+    return split_changes(recorded, today)
 
 
 def transfer(model: SequentialModel, champion: dict[str, torch.Tensor], old_ids: dict[str, list],

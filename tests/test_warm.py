@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from recsys.checkpoint import CheckpointError, save_checkpoint
-from recsys.config import ConfigError
+from recsys.config import ConfigError, PrepareConfig
 from recsys.lineage import describe_init
 from recsys.model_configs import TrainConfig
 from recsys.models import build_model
@@ -38,11 +38,12 @@ def listing(directory: Path) -> list[list]:
 
 def make_champion(tmp_path: Path, name: str, config, *, items=CHAMPION_ITEMS, users=CHAMPION_USERS,
                   version: int = 3, init: dict | None = None, seed: int = 1,
-                  train_until: int | None = None) -> Path:
+                  train_until: int | None = None, prepare: dict | None = None) -> Path:
     """A champion checkpoint (seeded random weights) installed as the warm source; returns the warm dir."""
     torch.manual_seed(seed)
     model = build_model(name, config, n_items=len(items), n_users=len(users))
-    extra = {k: v for k, v in (("init", init), ("train_until", train_until)) if v is not None}
+    extra = {k: v for k, v in (("init", init), ("train_until", train_until), ("prepare", prepare))
+             if v is not None}
     ckpt = save_checkpoint(tmp_path / f"champion-{name}", model, dataset_fingerprint="0" * 64, item_ids=items,
                            user_ids=users, extra=extra or None)
     warm_dir = tmp_path / "warm" / name
@@ -213,6 +214,36 @@ def test_a_champion_that_trained_on_events_today_holds_out_is_not_a_starting_poi
     unrecorded = make_champion(tmp_path / "older", "sasrec", tiny_sasrec_config)
     assert start(model, "sasrec", tiny_sasrec_config, WARM, unrecorded, CHAMPION_ITEMS, CHAMPION_USERS,
                  held_out_from=0.0)["mode"] == "warm"
+
+
+def test_a_champion_that_trained_on_data_split_otherwise_is_refused_by_the_train_stage_too(
+        tmp_path, tiny_sasrec_config):
+    """`recsys warm` never picks such a source, but `dvc repro` after prepare.split (or a k-core threshold)
+    changed reruns train on the source an earlier `recsys warm` wrote: its weights may have learnt what
+    today's split validates and tests on. Cold under auto, one line under warm; the same settings, or a
+    champion that recorded none, start warm."""
+    loo = dataclasses.asdict(PrepareConfig(split="loo"))
+    by_time = dataclasses.asdict(PrepareConfig(split="global_time"))
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config, prepare=by_time)
+    model, before = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    record = start(model, "sasrec", tiny_sasrec_config, AUTO, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS, split=loo)
+    assert record["mode"] == "cold" and record["reason"] == (
+        "the champion v3 trained on data split otherwise (prepare.split global_time, now loo): it may have "
+        "learnt events today's split validates and tests on"), record
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # untouched
+    with pytest.raises(ConfigError) as err:
+        start(model, "sasrec", tiny_sasrec_config, WARM, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS, split=loo)
+    assert "\n" not in str(err.value) and "run `recsys warm` (it picks a source split as today's data is)" in str(
+        err.value), str(err.value)
+    core = dataclasses.asdict(PrepareConfig(split="loo", min_user_interactions=10))
+    loo_dir = make_champion(tmp_path / "loo", "sasrec", tiny_sasrec_config, prepare=loo)
+    refused = start(model, "sasrec", tiny_sasrec_config, AUTO, loo_dir, CHAMPION_ITEMS, CHAMPION_USERS, split=core)
+    assert "prepare.min_user_interactions" in refused["reason"], refused
+    assert start(model, "sasrec", tiny_sasrec_config, WARM, loo_dir, CHAMPION_ITEMS, CHAMPION_USERS,
+                 split=loo)["mode"] == "warm"
+    unrecorded = make_champion(tmp_path / "older", "sasrec", tiny_sasrec_config)
+    assert start(model, "sasrec", tiny_sasrec_config, WARM, unrecorded, CHAMPION_ITEMS, CHAMPION_USERS,
+                 split=loo)["mode"] == "warm"
 
 
 def test_a_warm_started_checkpoint_records_the_newest_event_its_weights_have_seen():
