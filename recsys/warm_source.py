@@ -58,15 +58,20 @@ from recsys.workspace import data_version, workspace_lock
 log = logging.getLogger(__name__)
 
 
-def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | None = None) -> list[str]:
-    """Write the warm source of each model (default: every model in params.yaml), under the workspace lock.
-    Returns one line per model saying what it will start from."""
+def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | None = None, *,
+                         held: bool = False) -> list[str]:
+    """Write the warm source of each model (default: every model in params.yaml), under the workspace lock
+    (`held`: the caller holds it already — the retrain flow resolves again under the lock its `dvc repro`
+    runs in, so that an ingest or a promotion since its first resolution cannot leave the stage training
+    today's data from the source chosen for yesterday's). Returns one line per model saying what it will
+    start from."""
     root = Path(root)
     names = listed_models(params, models)
     trainable = {m: TRAINABLE.get(m, False) for m in names}
     wanted = [m for m in names if trainable[m] and params.train_config(m).init != "cold"]
     lines = []
-    with (workspace_lock(root), database_errors("cannot resolve the warm sources", registry_url(params.registry)),
+    with (contextlib.nullcontext() if held else workspace_lock(root),
+          database_errors("cannot resolve the warm sources", registry_url(params.registry)),
           contextlib.ExitStack() as stack):
         registry = stack.enter_context(open_registry(params.registry, root, params.gate)) if wanted else None
         champions = registry.champion_line() if registry is not None else []

@@ -254,6 +254,23 @@ def test_a_rollback_makes_the_rolled_back_to_champion_the_source(tmp_path):
     assert resolve(root)[1] == f"sasrec: v{first} (updated)"
 
 
+def test_the_sources_resolve_again_under_a_lock_the_caller_holds(tmp_path):
+    """The retrain flow resolves once as it starts and again under the lock its `dvc repro` runs in: a batch
+    ingested in between (the lock is free between tasks) must not leave today's data training from the
+    source chosen for yesterday's. Under the held lock the resolver takes no lock of its own (it is not
+    re-entrant: the first resolve would wait for itself) and writes the source the new data calls for."""
+    from recsys.workspace import workspace_lock
+
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root, data="d0")
+    second = champion(root, data="d1", seed=1, init={"mode": "warm", "from_version": first, "warm_streak": 1})
+    assert resolve(root)[1].startswith(f"sasrec: v{first} kept")  # the run starts: v2 trained on today's d1
+    set_data(root, "d2")  # an ingest commits a batch before `dvc repro` takes the lock
+    with workspace_lock(root):
+        lines = resolve_warm_sources(root, load_params(root / "params.yaml"), held=True)
+    assert lines[1] == f"sasrec: v{second} (updated)" and source(root, "sasrec").version == second
+
+
 def test_a_damaged_source_record_is_rewritten_and_refused_by_the_train_stage_in_one_line(tmp_path):
     from recsys.checkpoint import CheckpointError
 
