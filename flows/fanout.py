@@ -19,7 +19,7 @@ from prefect import get_run_logger
 
 from flows.zombies import TAG
 from recsys import fanout
-from recsys.config import ConfigError
+from recsys.config import ConfigError, load_params
 from recsys.layout import Layout
 from recsys.retraining import epochs_override
 from recsys.workspace import run_dvc, workspace_lock
@@ -186,6 +186,10 @@ def reproduce_on_workers(root: Path, models: list[str], deployment: str, commit:
     paths = Layout(root)
     targets = [f"evaluate@{m}" for m in models]
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
+        from recsys.warm_source import MOVED_ON, moved_under_lock
+
+        for line in moved_under_lock(paths.root, load_params(paths.params)):  # the work orders ship these
+            logger.warning(MOVED_ON, line)
         ran = fanout.running_stages(run_dvc(root, "repro", "prepare").stdout)
         run_dvc(root, "push", "prepare")
         stale = fanout.stale_models(root, models)

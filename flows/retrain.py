@@ -75,14 +75,10 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
                                  description=f"dvc repro running for {time.monotonic() - started:.0f}s")
 
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
-        # Again under the lock `dvc repro` runs in: an ingest or a promotion since the warm-sources task
-        # (each takes the lock in between) would otherwise train today's data from the source it chose.
-        from recsys.warm_source import resolve_warm_sources
+        from recsys.warm_source import MOVED_ON, moved_under_lock
 
-        for line in resolve_warm_sources(paths.root, params, held=True):
-            if line.endswith("(updated)"):
-                logger.warning("warm source %s: it moved on since the run resolved it (an ingest or a "
-                               "promotion in between)", line)
+        for line in moved_under_lock(paths.root, params):
+            logger.warning(MOVED_ON, line)
         done = run_dvc(paths.root, *args, watch=report)
         fault_point("after_repro")  # a kill here leaves an --epochs override for the next run to put back
     update_progress_artifact(progress_id, 100.0, description="dvc repro finished")

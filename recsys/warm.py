@@ -11,8 +11,13 @@ training stays a function of (dataset, params, initial weights). The stage never
 - `cold` (default): the source is never read; training is what it was before warm starts existed.
 - `warm`: start from the champion, or stop with one line saying what differs and which setting to change.
 - `auto`: start warm when the champion is compatible; otherwise train cold and log why. Also cold for every
-  `warm_cold_every`-th version of a warm-started line, counted by the `warm_streak` each checkpoint records,
-  and when new items exceed `warm_max_catalogue_growth` of the champion's catalogue.
+  `warm_cold_every`-th version of a warm-started line, counted by the `warm_streak` each checkpoint records
+  (warm starts since the line's last cold try), and when new items exceed `warm_max_catalogue_growth` of the
+  champion's catalogue. Such a cold try records the source it stood in for (`cold_try_of`); when it loses
+  the gate, the champion (and its streak) stays, and the next data version's source says so (`cold_tried`,
+  written by recsys/warm_source.py from the registry): that run warm-starts again, its streak counted afresh
+  from 1, so a line whose cold retrains keep losing is tried cold once every `warm_cold_every` versions,
+  not on every run after the first loss.
 
 Compatible: the same model (family and loss) with the same config, except the fields the model declares free
 (`SequentialModel.warm_free_fields`: dropout, negatives, initialisation...). What carries over
@@ -62,6 +67,9 @@ FORMAT_VERSION = 1
 # situation does (no version numbers), so a champion change that cannot matter re-runs nothing.
 WRITTEN_COLD = "the warm source was written while train.init was cold (`recsys warm` rewrites it)"
 NO_EARLIER_CHAMPION = "the registry had no champion before the current data version"
+# The key under `init` of a checkpoint trained cold in place of a warm start (train.warm_cold_every): the
+# source version it stood in for, which recsys/warm_source.py looks for among the gate's rejections.
+COLD_TRY_OF = "cold_try_of"
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a checkpoint's file: a name, never a path
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -69,9 +77,10 @@ _HEX = re.compile(r"^[0-9a-f]{64}$")
 class WarmStartRefused(Exception):
     """The champion cannot be the starting point. `fix` says which setting would make it one."""
 
-    def __init__(self, reason: str, fix: str):
+    def __init__(self, reason: str, fix: str, record: dict[str, Any] | None = None):
         super().__init__(reason)
         self.fix = fix
+        self.record = record or {}  # what the cold checkpoint records beside the reason
 
 
 @dataclass(frozen=True)
@@ -82,13 +91,17 @@ class WarmSource:
     artifact_sha256: str | None = None
     files: tuple[tuple[str, int, str], ...] = ()  # (name, size, sha256) of each checkpoint file
     reason: str | None = None
+    # A cold try in place of a warm start from this version (train.warm_cold_every) lost the gate on an
+    # earlier data version: `auto` starts warm again. Written only when true (older records stay byte-equal).
+    cold_tried: bool = False
 
     def record(self) -> dict[str, Any]:
         if self.version is None:
             return {"format_version": FORMAT_VERSION, "source": None, "reason": self.reason}
         return {"format_version": FORMAT_VERSION, "reason": None,
                 "source": {"version": self.version, "artifact_sha256": self.artifact_sha256,
-                           "files": [list(f) for f in self.files]}}
+                           "files": [list(f) for f in self.files],
+                           **({"cold_tried": True} if self.cold_tried else {})}}
 
 
 # --- the source directory: written by recsys.warm_source, read by the train stage -------------------------
@@ -100,11 +113,12 @@ def write_none(warm_dir: Path, reason: str) -> bool:
 
 
 def write_source(warm_dir: Path, version: int, artifact_sha256: str, files: Sequence[Sequence[Any]],
-                 checkpoint_dir: Path) -> bool:
+                 checkpoint_dir: Path, cold_tried: bool = False) -> bool:
     """Copy a (verified) registry checkpoint in as the source; `files` is its manifest's
-    [name, size, sha256] list. Returns False when the directory already held exactly this."""
+    [name, size, sha256] list; `cold_tried` as WarmSource's. Returns False when the directory already held
+    exactly this."""
     listed = tuple((str(name), int(size), str(digest)) for name, size, digest in files)
-    source = WarmSource(version, artifact_sha256, listed)
+    source = WarmSource(version, artifact_sha256, listed, cold_tried=cold_tried)
     _check_record(source, Path(warm_dir))
     return _write(Path(warm_dir), source, Path(checkpoint_dir))
 
@@ -169,8 +183,11 @@ def parse_source(text: str, path: Path) -> WarmSource:
         if raw.get("source") is None:
             return WarmSource(reason=str(raw.get("reason") or "no source recorded"))
         src = raw["source"]
+        tried = src.get("cold_tried", False)
+        if not isinstance(tried, bool):
+            raise ValueError(f"cold_tried is {tried!r}, not true or false")
         source = WarmSource(int(src["version"]), str(src["artifact_sha256"]),
-                            tuple((str(n), int(s), str(d)) for n, s, d in src["files"]))
+                            tuple((str(n), int(s), str(d)) for n, s, d in src["files"]), cold_tried=tried)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{path} is damaged ({err}); run `recsys warm` to write it again") from err
     _check_record(source, path.parent)
@@ -224,7 +241,7 @@ def start(model: SequentialModel, model_name: str, model_config: Any, cfg: Train
             raise ConfigError(f"{model_name}: cannot warm-start: {refused}; {refused.fix}, or set train.init "
                               f"(or {model_name}.train.init) to auto or cold in params.yaml") from None
         log.warning("init=cold model=%s (train.init auto): %s", model_name, refused)
-        return {"requested": cfg.init, "mode": "cold", "reason": str(refused)}
+        return {"requested": cfg.init, "mode": "cold", "reason": str(refused), **refused.record}
     counts = " ".join(f"{kind}_{k}={v}" for kind in ("items", "users") if kind in record
                       for k, v in record[kind].items())
     log.info("init=warm model=%s from=v%d warm_streak=%d %s%s", model_name, record["from_version"],
@@ -272,12 +289,16 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     before = meta.get("init") or {}
     streak = int(before.get("warm_streak", 0)) if before.get("mode") == "warm" else 0
     old_ids = {"items": list(meta["items"]), "users": list(meta["users"])}
-    if cfg.init == "auto":
-        every = cfg.warm_cold_every
-        if every and streak + 1 >= every:
+    every = cfg.warm_cold_every
+    if cfg.init == "auto" and every and streak + 1 >= every:
+        if source.cold_tried:  # tried cold on an earlier batch and lost: warm again, a line counted afresh
+            streak = 0
+        else:
             raise WarmStartRefused(
                 f"the champion {v} ends a line of {streak} warm start(s) and train.warm_cold_every = {every} "
-                f"trains every {every}th version cold", "lower it or set train.warm_cold_every to 0")
+                f"trains every {every}th version cold", "lower it or set train.warm_cold_every to 0",
+                {COLD_TRY_OF: {"version": source.version, "artifact_sha256": source.artifact_sha256}})
+    if cfg.init == "auto":
         known = set(old_ids["items"][1:])
         new = sum(1 for item in ids["items"][1:] if item not in known)
         growth = new / max(len(known), 1)

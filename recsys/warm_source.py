@@ -24,6 +24,11 @@ as if it were another family's (a version that recorded no settings, trained bef
 it was). Equal settings are not enough under global_time when late-arriving events move the quantile cut
 before the source's newest training event; that is known only once today's data is prepared, so the train
 stage checks it (recsys/warm.py, `held_out.late_data_leak`).
+
+A source also says whether a cold try in its place (`auto`'s every `warm_cold_every`-th version) already lost
+the gate on an earlier data version (`cold_tried`): the registry keeps rejected versions, each with the
+source it stood in for. On the data that try was trained on it is not said, so a run with nothing new
+resolves the bytes it resolved before and retrains nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from recsys.registry import Registry, VersionInfo, database_errors, open_registr
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
 from recsys.retraining import listed_models
 from recsys.warm import (
+    COLD_TRY_OF,
     NO_EARLIER_CHAMPION,
     SOURCE_FILE,
     WRITTEN_COLD,
@@ -75,12 +81,25 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
           contextlib.ExitStack() as stack):
         registry = stack.enter_context(open_registry(params.registry, root, params.gate)) if wanted else None
         champions = registry.champion_line() if registry is not None else []
+        versions = registry.list_versions() if registry is not None else []
         current = data_version(root)
         for m in names:
-            line = _resolve(root, params, m, trainable[m], registry, champions, current)
+            line = _resolve(root, params, m, trainable[m], registry, champions, versions, current)
             log.debug("warm source %s", line)  # (every caller prints the lines it returns)
             lines.append(line)
     return lines
+
+
+MOVED_ON = ("warm source %s: it moved on since the run resolved it (an ingest or a promotion in between)")
+
+
+def moved_under_lock(root: Path, params: Params) -> list[str]:
+    """Resolve every model's source again, under the workspace lock the caller holds and runs `dvc` in (the
+    retrain flow's `reproduce`, the fan-out coordinator before it hands out work orders): an ingest or a
+    promotion since the run's first resolution (each takes the lock in between) would otherwise train
+    today's data from the source chosen for yesterday's. Returns the lines of the sources that moved
+    (log them with `MOVED_ON`)."""
+    return [line for line in resolve_warm_sources(root, params, held=True) if line.endswith("(updated)")]
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,18 @@ def _trained_on(version: VersionInfo, data: str | None) -> bool:
     return data is not None and version.dataset_version == data
 
 
+def cold_tried(versions: Sequence[VersionInfo], source: VersionInfo, current_data: str | None) -> bool:
+    """Whether a version trained cold in place of a warm start from `source` (its init's `cold_try_of`,
+    recsys/warm.py) was rejected by the gate, trained on a data version other than the current one."""
+    for v in versions:
+        tried = ((v.params or {}).get("init") or {}).get(COLD_TRY_OF)
+        if (v.status == "rejected" and v.architecture == source.architecture and isinstance(tried, dict)
+                and tried.get("artifact_sha256") == source.artifact_sha256
+                and not _trained_on(v, current_data)):
+            return True
+    return False
+
+
 class WarmSourceUnavailable(Exception):
     """A fan-out worker cannot reproduce the coordinator's warm source; the message names the setting."""
 
@@ -171,11 +202,13 @@ def materialise_warm_source(root: Path, params: Params, model: str, shipped: str
                     f"registry.artifact_root ({params.registry.artifact_root}) must be storage every worker "
                     "mounts at the same absolute path, or set train.init: cold") from err
             stored = WarmSource(source.version, source.artifact_sha256,
-                                tuple((str(n), int(z), str(d)) for n, z, d in files))
+                                tuple((str(n), int(z), str(d)) for n, z, d in files),
+                                cold_tried=source.cold_tried)
             if source_text(stored) != shipped:
                 raise WarmSourceUnavailable(f"{model}: the artifact of v{source.version} in {store} lists other "
                                             "files than the coordinator's record")
-            write_source(warm_dir, source.version, source.artifact_sha256 or "", files, directory)
+            write_source(warm_dir, source.version, source.artifact_sha256 or "", files, directory,
+                         cold_tried=source.cold_tried)
             line = f"{model}: v{source.version}"
     log.info("warm source %s (from the work order)", line)
     return line
@@ -189,7 +222,8 @@ def _verified(store: ArtifactStore, sha256: str) -> tuple[Path, list]:
 
 
 def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: Registry | None,
-             champions: Sequence[VersionInfo], current_data: str | None) -> str:
+             champions: Sequence[VersionInfo], versions: Sequence[VersionInfo],
+             current_data: str | None) -> str:
     warm_dir = Layout(root).warm_dir(model)
     mode = params.train_config(model).init
     if not trainable:
@@ -205,5 +239,7 @@ def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: 
         return choice.says
     info = choice.version
     directory, files = _verified(registry.store, info.artifact_sha256)
-    changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory)
-    return choice.says + (" (updated)" if changed else "")
+    tried = cold_tried(versions, info, current_data)
+    changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory, cold_tried=tried)
+    said = choice.says + (" (a cold try from it lost the gate)" if tried else "")
+    return said + (" (updated)" if changed else "")

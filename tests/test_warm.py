@@ -340,6 +340,23 @@ def test_auto_trains_every_nth_version_of_a_warm_line_cold(tmp_path, tiny_sasrec
     assert forced["mode"] == "warm" and forced["warm_streak"] == streak + 1
 
 
+def test_a_source_whose_cold_try_lost_starts_warm_again_and_a_bad_flag_is_damage(tmp_path,
+                                                                                  tiny_sasrec_config):
+    init = {"mode": "warm", "from_version": 2, "warm_streak": 4}
+    warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config, init=init)
+    ckpt = tmp_path / "champion-sasrec"
+    write_source(warm_dir, 3, SHA, listing(ckpt), ckpt, cold_tried=True)
+    assert read_source(warm_dir).cold_tried
+    model, _ = fresh("sasrec", tiny_sasrec_config, CHAMPION_ITEMS, CHAMPION_USERS)
+    cfg = dataclasses.replace(AUTO, warm_cold_every=5)
+    record = start(model, "sasrec", tiny_sasrec_config, cfg, warm_dir, CHAMPION_ITEMS, CHAMPION_USERS)
+    assert record["mode"] == "warm" and record["warm_streak"] == 1  # the line is counted from the cold try
+    path = warm_dir / SOURCE_FILE
+    path.write_text(path.read_text().replace('"cold_tried": true', '"cold_tried": "yes"'))
+    with pytest.raises(CheckpointError, match=r"damaged \(cold_tried is 'yes', not true or false\)"):
+        read_source(warm_dir)
+
+
 def test_auto_trains_cold_when_the_catalogue_grew_too_much(tmp_path, tiny_sasrec_config):
     warm_dir = make_champion(tmp_path, "sasrec", tiny_sasrec_config)
     items = [*CHAMPION_ITEMS, "x", "y"]  # 2 new of 6 known: 33 %

@@ -345,6 +345,18 @@ def test_a_fan_out_worker_puts_the_coordinators_warm_source_in_place_byte_for_by
         assert line.startswith(f"{model}: v{version}" if model == "sasrec" else f"{model}: none")
     assert (Layout(worker).warm_dir("sasrec") / CHECKPOINT).is_dir()
     assert not (worker / "registry").exists()  # the worker never opened a registry database
+    # A source that records a lost cold try (below) ships that too.
+    from recsys.warm import COLD_TRY_OF
+
+    sha = source(coordinator, "sasrec").artifact_sha256
+    rejected(coordinator, {"requested": "auto", "mode": "cold", "reason": "a cold try",
+                           COLD_TRY_OF: {"version": version, "artifact_sha256": sha}}, data="d1", seed=3)
+    set_data(coordinator, "d2")
+    resolve(coordinator)
+    shipped = (Layout(coordinator).warm_dir("sasrec") / SOURCE_FILE).read_text()
+    assert source(coordinator, "sasrec").cold_tried
+    materialise_warm_source(worker, load_params(worker / "params.yaml"), "sasrec", shipped)
+    assert tree(Layout(worker).warm_dir("sasrec")) == tree(Layout(coordinator).warm_dir("sasrec"))
 
 
 def test_a_worker_that_cannot_read_the_artifact_store_stops_with_the_setting(tmp_path):
@@ -413,3 +425,98 @@ def test_a_champion_on_the_current_data_split_otherwise_is_not_promised_as_the_n
     version = champion(root, data="d1", prepare=LOO)
     assert resolve(root)[1] == (f"sasrec: none kept (the champion v{version} was trained on the current data "
                                 "prepared otherwise (prepare.split loo, now global_time))")
+
+
+def rejected(root: Path, init: dict, *, data: str, seed: int) -> int:
+    """Register a checkpoint trained on data version `data` that the gate rejects (it scores below the
+    champion), with `init` as its training start; returns its version."""
+    params = load_params(root / "params.yaml")
+    torch.manual_seed(seed)
+    model = build_model("sasrec", params.model_config("sasrec"), n_items=4, n_users=2)
+    ckpt = save_checkpoint(root / "trained" / f"rejected-{seed}", model, dataset_fingerprint="0" * 64,
+                           item_ids=list("abcd"), user_ids=["u1", "u2"], extra={"init": init})
+    with open_registry(params.registry, root, params.gate) as registry:
+        decision = registry.promote(ckpt, make_eval(-0.3, seed=seed), dataset_version=f"{data}.dir",
+                                    params={"model": "sasrec", "init": init})
+    assert not decision.promoted
+    return decision.version
+
+
+def test_a_cold_try_that_lost_the_gate_is_not_repeated_on_every_later_batch(tmp_path):
+    """`auto` trains every `warm_cold_every`-th version of a warm line cold. When that cold candidate loses,
+    the champion and its streak stay: without a record of the try, every later batch would train cold again.
+    The next data version's source says the try was made, and the stage warm-starts, its streak afresh."""
+    from recsys.model_configs import TrainConfig
+    from recsys.warm import COLD_TRY_OF, start
+
+    root = workspace(tmp_path / "repo", "auto")
+    line_end = {"mode": "warm", "from_version": 1, "warm_streak": 4}
+    top = champion(root, data="d0", init=line_end)  # the 4th warm start of a line: the 5th is a cold try
+    assert resolve(root)[1] == f"sasrec: v{top} (updated)"
+    params = load_params(root / "params.yaml")
+    cfg = TrainConfig(init="auto", device="cpu", progress="off", warm_cold_every=5)
+    warm_dir = Layout(root).warm_dir("sasrec")
+
+    def stage(seed: int) -> dict:
+        torch.manual_seed(seed)
+        model = build_model("sasrec", params.model_config("sasrec"), n_items=4, n_users=2)
+        config = params.model_config("sasrec")
+        return start(model, "sasrec", config, cfg, warm_dir, list("abcd"), ["u1", "u2"])
+
+    tried = stage(0)
+    assert tried["mode"] == "cold" and "train.warm_cold_every = 5" in tried["reason"]
+    with open_registry(params.registry, root, params.gate) as registry:
+        sha = registry.get_version(top).artifact_sha256
+    assert tried[COLD_TRY_OF] == {"version": top, "artifact_sha256": sha}
+    rejected(root, tried, data="d1", seed=5)  # the cold try, trained on d1, loses: v{top} stays champion
+
+    before = warm_bytes(root)
+    assert resolve(root)[1] == f"sasrec: v{top}"  # nothing new: the bytes (and the stage) stay as they were
+    assert warm_bytes(root) == before and not source(root, "sasrec").cold_tried
+    set_data(root, "d2")  # the next batch
+    assert resolve(root)[1] == f"sasrec: v{top} (a cold try from it lost the gate) (updated)"
+    assert source(root, "sasrec").cold_tried
+    again = stage(1)
+    assert again["mode"] == "warm" and again["from_version"] == top and again["warm_streak"] == 1
+    # That warm candidate loses too: the champion is unchanged, the try is still on record: warm again.
+    rejected(root, again, data="d2", seed=6)
+    set_data(root, "d3")
+    resolve(root)
+    assert stage(2)["mode"] == "warm"
+    # A rejection that was not a cold try in this source's place (another source's, or a plain cold start)
+    # says nothing.
+    other = workspace(tmp_path / "other", "auto")
+    top = champion(other, data="d0", init=line_end)
+    rejected(other, {"requested": "auto", "mode": "cold", "reason": "x"}, data="d1", seed=7)
+    rejected(other, {**tried, COLD_TRY_OF: {"version": top, "artifact_sha256": "cd" * 32}}, data="d1", seed=8)
+    set_data(other, "d2")
+    resolve(other)
+    assert not source(other, "sasrec").cold_tried
+
+
+def test_the_fan_out_coordinator_ships_the_source_resolved_under_its_lock(tmp_path, monkeypatch, caplog):
+    """The fan-out coordinator writes its work orders under the lock it runs `dvc` in; a batch ingested since
+    the run's warm-sources task must not ship yesterday's source with today's data. The interleaving is the
+    fault produced here: DVC and the work pool are stood in for (tests/test_fanout_e2e.py runs them)."""
+    import logging
+    from types import SimpleNamespace
+
+    import flows.fanout
+    from recsys import fanout
+
+    root = workspace(tmp_path / "repo", "auto")
+    first = champion(root, data="d0")
+    second = champion(root, data="d1", seed=1, init={"mode": "warm", "from_version": first, "warm_streak": 1})
+    assert resolve(root)[1].startswith(f"sasrec: v{first} kept")  # the run's first resolution, on d1
+    set_data(root, "d2")  # an ingest commits a batch before the coordinator takes the lock
+    shipped = {}
+    monkeypatch.setattr(flows.fanout, "get_run_logger", lambda: logging.getLogger("fanout-test"))
+    monkeypatch.setattr(flows.fanout, "run_dvc", lambda *args, **kwargs: SimpleNamespace(stdout=""))
+    monkeypatch.setattr(fanout, "stale_models", lambda root, models: list(models))
+    monkeypatch.setattr(fanout, "work_order",
+                        lambda root, model, commit: shipped.setdefault(model, source(root, model)))
+    monkeypatch.setattr(flows.fanout, "wait_for", lambda orders, deployment, idle_minutes: None)
+    with caplog.at_level(logging.WARNING, logger="fanout-test"):
+        flows.fanout.reproduce_on_workers(root, ["sasrec"], "train-model/recsys-gpu", "0" * 40, None)
+    assert shipped["sasrec"].version == second
+    assert f"warm source sasrec: v{second} (updated): it moved on since the run resolved it" in caplog.text
