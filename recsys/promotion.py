@@ -15,6 +15,7 @@ way whichever of them promoted it. The step:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from recsys.model_configs import BASELINE, TRAINABLE
 from recsys.registry import PromotionDecision, RegistryError, database_errors, open_registry, registry_url
 from recsys.registry.evaluations import RescoreFn
 from recsys.registry.records import read_meta
+from recsys.warm import COLD_TRIES, COLD_TRY_OF
 from recsys.workspace import workspace_lock
 
 
@@ -158,6 +160,8 @@ def _promote_locked(
             f"no evaluation for {model!r} (metrics/{model}.json, artifacts/eval/{model}/per_user.parquet); "
             f"run `dvc repro evaluate@{model}` first"
         )
+    if tries := cold_tries(root, params):
+        lineage = dataclasses.replace(lineage, params={**lineage.params, COLD_TRIES: tries})
     baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
     test_from = _test_from(prepared_dir(root))
     with open_registry(params.registry, root, params.gate) as registry:
@@ -179,6 +183,26 @@ def _promote_locked(
             rescore=rescore or rescore_on(params, prepared_dir(root)),
             incomparable=lambda champion: _untrustworthy(champion, params, test_from),
         )
+
+
+def cold_tries(root: Path, params: Params) -> list[dict[str, Any]]:
+    """The periodic cold tries (recsys/warm.py's `cold_try_of`) among the workspace's checkpoints of the
+    models params.yaml lists, as {"model", "version", "artifact_sha256"} of the source each stood in for. The
+    gated version records them: only the best by validation is gated, so when it loses, each of them lost
+    with it, and the next data version warm-starts again (recsys/warm_source.py's `cold_tried`)."""
+    tries = []
+    for m in params.models:
+        if not TRAINABLE.get(m, False):
+            continue
+        try:
+            init = read_meta(checkpoint_dir(root, m)).get("init")
+        except RegistryError:  # not trained in this workspace (yet)
+            continue
+        tried = init.get(COLD_TRY_OF) if isinstance(init, dict) else None
+        if isinstance(tried, dict) and isinstance(tried.get("artifact_sha256"), str):
+            tries.append({"model": m, "version": tried.get("version"),
+                          "artifact_sha256": tried["artifact_sha256"]})
+    return tries
 
 
 def _untrustworthy(champion: Any, params: Params, test_from: float | None) -> str | None:

@@ -13,11 +13,12 @@ training stays a function of (dataset, params, initial weights). The stage never
 - `auto`: start warm when the champion is compatible; otherwise train cold and log why. Also cold for every
   `warm_cold_every`-th version of a warm-started line, counted by the `warm_streak` each checkpoint records
   (warm starts since the line's last cold try), and when new items exceed `warm_max_catalogue_growth` of the
-  champion's catalogue. Such a cold try records the source it stood in for (`cold_try_of`); when it loses
-  the gate, the champion (and its streak) stays, and the next data version's source says so (`cold_tried`,
-  written by recsys/warm_source.py from the registry): that run warm-starts again, its streak counted afresh
-  from 1, so a line whose cold retrains keep losing is tried cold once every `warm_cold_every` versions,
-  not on every run after the first loss.
+  champion's catalogue. Such a cold try records the source it stood in for (`cold_try_of`), and the version
+  the run gates records every cold try of the run (`cold_tries`; only the best by validation is gated). When
+  that version is rejected, the champion (and its streak) stays, and the next data version's source says so
+  (`cold_tried`, written by recsys/warm_source.py from the registry): that run warm-starts again, its
+  streak counted afresh from 1, so a line whose cold retrains keep losing is tried cold once every
+  `warm_cold_every` versions, not on every run after the first loss.
 
 Compatible: the same model (family and loss) with the same config, except the fields the model declares free
 (`SequentialModel.warm_free_fields`: dropout, negatives, initialisation...). What carries over
@@ -70,6 +71,10 @@ NO_EARLIER_CHAMPION = "the registry had no champion before the current data vers
 # The key under `init` of a checkpoint trained cold in place of a warm start (train.warm_cold_every): the
 # source version it stood in for, which recsys/warm_source.py looks for among the gate's rejections.
 COLD_TRY_OF = "cold_try_of"
+# The key, in a registered version's params, of the cold tries among the workspace's checkpoints when it was
+# gated (recsys/promotion.py): only the best by validation is gated, so a cold try another model beat on
+# validation lost with the candidate that did.
+COLD_TRIES = "cold_tries"
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a checkpoint's file: a name, never a path
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 

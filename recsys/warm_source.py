@@ -27,8 +27,9 @@ stage checks it (recsys/warm.py, `held_out.late_data_leak`).
 
 A source also says whether a cold try in its place (`auto`'s every `warm_cold_every`-th version) already lost
 the gate on an earlier data version (`cold_tried`): the registry keeps rejected versions, each with the
-source it stood in for. On the data that try was trained on it is not said, so a run with nothing new
-resolves the bytes it resolved before and retrains nothing.
+cold tries of its run and the sources they stood in for (recsys/promotion.py). On the data that try was
+trained on it is not said, so a run with nothing new resolves the bytes it resolved before and retrains
+nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from recsys.registry import Registry, VersionInfo, database_errors, open_registr
 from recsys.registry.store import MANIFEST, ArtifactIntegrityError, ArtifactStore, artifact_root
 from recsys.retraining import listed_models
 from recsys.warm import (
-    COLD_TRY_OF,
+    COLD_TRIES,
     NO_EARLIER_CHAMPION,
     SOURCE_FILE,
     WRITTEN_COLD,
@@ -155,14 +156,18 @@ def _trained_on(version: VersionInfo, data: str | None) -> bool:
     return data is not None and version.dataset_version == data
 
 
-def cold_tried(versions: Sequence[VersionInfo], source: VersionInfo, current_data: str | None) -> bool:
-    """Whether a version trained cold in place of a warm start from `source` (its init's `cold_try_of`,
-    recsys/warm.py) was rejected by the gate, trained on a data version other than the current one."""
+def cold_tried(versions: Sequence[VersionInfo], model: str, source: VersionInfo,
+               current_data: str | None) -> bool:
+    """Whether a cold try of `model` in place of a warm start from `source` (recsys/warm.py's `cold_try_of`)
+    lost: a version the gate rejected, trained on a data version other than the current one, lists it among
+    its run's cold tries (`cold_tries`: itself, or a model it beat on validation)."""
     for v in versions:
-        tried = ((v.params or {}).get("init") or {}).get(COLD_TRY_OF)
-        if (v.status == "rejected" and v.architecture == source.architecture and isinstance(tried, dict)
-                and tried.get("artifact_sha256") == source.artifact_sha256
-                and not _trained_on(v, current_data)):
+        if v.status != "rejected" or _trained_on(v, current_data):
+            continue
+        tries = (v.params or {}).get(COLD_TRIES)
+        if isinstance(tries, list) and any(isinstance(t, dict) and t.get("model") == model
+                                           and t.get("artifact_sha256") == source.artifact_sha256
+                                           for t in tries):
             return True
     return False
 
@@ -239,7 +244,7 @@ def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: 
         return choice.says
     info = choice.version
     directory, files = _verified(registry.store, info.artifact_sha256)
-    tried = cold_tried(versions, info, current_data)
+    tried = cold_tried(versions, model, info, current_data)
     changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory, cold_tried=tried)
     said = choice.says + (" (a cold try from it lost the gate)" if tried else "")
     return said + (" (updated)" if changed else "")

@@ -115,6 +115,26 @@ def test_flow_and_cli_record_identical_lineage(workspace):
     assert by_flow["champion_rescored_metric"] == pytest.approx(baseline["metrics"]["ndcg@10"])
 
 
+def test_the_gated_version_records_every_cold_try_of_its_run(workspace):
+    """Only the best model by validation is gated: a periodic cold try (recsys/warm.py's `cold_try_of`) that
+    another model beat on validation lost with it, and the version gated says so (`cold_tries`), or the
+    next batch would train that model cold again (recsys/warm_source.py's `cold_tried`)."""
+    from recsys.warm import COLD_TRIES, COLD_TRY_OF
+
+    tried = {"version": 4, "artifact_sha256": "ab" * 32}
+    other = workspace / "artifacts" / "models" / "bert4rec"  # another listed model, trained in the same run
+    other.mkdir(parents=True)
+    (other / "model.json").write_text(json.dumps({"model": "bert4rec", "init": {
+        "requested": "auto", "mode": "cold", "reason": "the line's 5th version", COLD_TRY_OF: tried}}))
+    raw = yaml.safe_load((workspace / "params.yaml").read_text())
+    (workspace / "params.yaml").write_text(yaml.safe_dump({**raw, "models": [*raw["models"], "bert4rec"]}))
+    params = load_params(workspace / "params.yaml")
+    decision = promote_candidate(workspace, params, "sasrec")
+    with open_from(workspace / "params.yaml") as registry:
+        gated = registry.get_version(decision.version)
+    assert gated.params[COLD_TRIES] == [{"model": "bert4rec", **tried}]
+
+
 def test_the_flow_records_the_data_dvc_repro_trained_on_not_an_ingest_since(workspace):
     """An ingest between the flow's `dvc repro` and its promotion moved data.dvc on, and the version was
     recorded with data its model never saw. The flow takes dvc.lock's record of what `prepare` ran on; a

@@ -428,16 +428,23 @@ def test_a_champion_on_the_current_data_split_otherwise_is_not_promised_as_the_n
 
 
 def rejected(root: Path, init: dict, *, data: str, seed: int) -> int:
-    """Register a checkpoint trained on data version `data` that the gate rejects (it scores below the
-    champion), with `init` as its training start; returns its version."""
+    """Put a checkpoint trained on data version `data` with `init` as its training start where the train
+    stage leaves it, and register it as the promotion does (with the run's cold tries); the gate rejects
+    it (it scores below the champion). Returns its version."""
+    from recsys.promotion import checkpoint_dir, cold_tries
+    from recsys.warm import COLD_TRIES
+
     params = load_params(root / "params.yaml")
     torch.manual_seed(seed)
     model = build_model("sasrec", params.model_config("sasrec"), n_items=4, n_users=2)
-    ckpt = save_checkpoint(root / "trained" / f"rejected-{seed}", model, dataset_fingerprint="0" * 64,
+    shutil.rmtree(checkpoint_dir(root, "sasrec"), ignore_errors=True)
+    ckpt = save_checkpoint(checkpoint_dir(root, "sasrec"), model, dataset_fingerprint="0" * 64,
                            item_ids=list("abcd"), user_ids=["u1", "u2"], extra={"init": init})
+    tries = cold_tries(root, params)
     with open_registry(params.registry, root, params.gate) as registry:
         decision = registry.promote(ckpt, make_eval(-0.3, seed=seed), dataset_version=f"{data}.dir",
-                                    params={"model": "sasrec", "init": init})
+                                    params={"model": "sasrec", "init": init,
+                                            **({COLD_TRIES: tries} if tries else {})})
     assert not decision.promoted
     return decision.version
 
