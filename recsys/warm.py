@@ -294,16 +294,17 @@ def _warm_start(model: SequentialModel, model_name: str, model_config: Any, cfg:
     before = meta.get("init") or {}
     streak = int(before.get("warm_streak", 0)) if before.get("mode") == "warm" else 0
     old_ids = {"items": list(meta["items"]), "users": list(meta["users"])}
-    every = cfg.warm_cold_every
-    if cfg.init == "auto" and every and streak + 1 >= every:
-        if source.cold_tried:  # tried cold on an earlier batch and lost: warm again, a line counted afresh
-            streak = 0
-        else:
-            raise WarmStartRefused(
-                f"the champion {v} ends a line of {streak} warm start(s) and train.warm_cold_every = {every} "
-                f"trains every {every}th version cold", "lower it or set train.warm_cold_every to 0",
-                {COLD_TRY_OF: {"version": source.version, "artifact_sha256": source.artifact_sha256}})
     if cfg.init == "auto":
+        every = cfg.warm_cold_every
+        if every and streak + 1 >= every:
+            if source.cold_tried:  # tried cold on an earlier batch and lost: warm again, counted afresh
+                streak = 0
+            else:
+                raise WarmStartRefused(
+                    f"the champion {v} ends a line of {streak} warm start(s) and train.warm_cold_every = "
+                    f"{every} trains every {every}th version cold",
+                    "lower it or set train.warm_cold_every to 0",
+                    {COLD_TRY_OF: {"version": source.version, "artifact_sha256": source.artifact_sha256}})
         known = set(old_ids["items"][1:])
         new = sum(1 for item in ids["items"][1:] if item not in known)
         growth = new / max(len(known), 1)

@@ -91,7 +91,7 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
     return lines
 
 
-MOVED_ON = ("warm source %s: it moved on since the run resolved it (an ingest or a promotion in between)")
+MOVED_ON = "warm source %s: it moved on since the run resolved it (an ingest or a promotion in between)"
 
 
 def moved_under_lock(root: Path, params: Params) -> list[str]:
