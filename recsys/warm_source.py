@@ -35,11 +35,12 @@ nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from recsys.checkpoint import CheckpointError
 from recsys.config import Params, PrepareConfig, validate_name
@@ -82,7 +83,9 @@ def resolve_warm_sources(root: Path, params: Params, models: Sequence[str] | Non
           contextlib.ExitStack() as stack):
         registry = stack.enter_context(open_registry(params.registry, root, params.gate)) if wanted else None
         champions = registry.champion_line() if registry is not None else []
-        versions = registry.list_versions() if registry is not None else []
+        # Every version's record, read once and only when a model has a source to check for a lost cold try
+        # (a nothing-new scheduled run with no champion, or only cold models, never reads it).
+        versions = functools.cache(registry.list_versions if registry is not None else list)
         current = data_version(root)
         for m in names:
             line = _resolve(root, params, m, trainable[m], registry, champions, versions, current)
@@ -227,7 +230,7 @@ def _verified(store: ArtifactStore, sha256: str) -> tuple[Path, list]:
 
 
 def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: Registry | None,
-             champions: Sequence[VersionInfo], versions: Sequence[VersionInfo],
+             champions: Sequence[VersionInfo], versions: Callable[[], Sequence[VersionInfo]],
              current_data: str | None) -> str:
     warm_dir = Layout(root).warm_dir(model)
     mode = params.train_config(model).init
@@ -244,7 +247,7 @@ def _resolve(root: Path, params: Params, model: str, trainable: bool, registry: 
         return choice.says
     info = choice.version
     directory, files = _verified(registry.store, info.artifact_sha256)
-    tried = cold_tried(versions, model, info, current_data)
+    tried = cold_tried(versions(), model, info, current_data)
     changed = write_source(warm_dir, info.version, info.artifact_sha256, files, directory, cold_tried=tried)
     said = choice.says + (" (a cold try from it lost the gate)" if tried else "")
     return said + (" (updated)" if changed else "")

@@ -54,15 +54,19 @@ def champion(root: Path, name: str = "sasrec", *, data: str = "d0", seed: int = 
     """Register a checkpoint of `name` trained on data version `data` (by default an earlier one than the
     workspace's d1: the champion a new batch finds) and make it the champion."""
     params = load_params(root / "params.yaml")
-    torch.manual_seed(seed)
-    model = build_model(name, params.model_config(name), n_items=4, n_users=2)
-    ckpt = save_checkpoint(root / "trained" / f"{name}-{seed}", model, dataset_fingerprint="0" * 64,
-                           item_ids=list("abcd"), user_ids=["u1", "u2"],
-                           extra={"init": init} if init else None)
+    ckpt = trained(root / "trained" / f"{name}-{seed}", params, name, seed, init)
     with open_registry(params.registry, root, params.gate) as registry:
         lineage = {"model": name, "init": init or {"mode": "cold"},
                    **({"prepare": prepare} if prepare else {})}
         return registry.install_baseline(ckpt, make_eval(0.0), params=lineage, dataset_version=f"{data}.dir")
+
+
+def trained(directory: Path, params, name: str, seed: int, init: dict | None) -> Path:
+    """A checkpoint of `name` (fresh weights from `seed`) saved to `directory`, recording `init`."""
+    torch.manual_seed(seed)
+    model = build_model(name, params.model_config(name), n_items=4, n_users=2)
+    return save_checkpoint(directory, model, dataset_fingerprint="0" * 64, item_ids=list("abcd"),
+                           user_ids=["u1", "u2"], extra={"init": init} if init else None)
 
 
 def resolve(root: Path) -> list[str]:
@@ -435,11 +439,8 @@ def rejected(root: Path, init: dict, *, data: str, seed: int) -> int:
     from recsys.warm import COLD_TRIES
 
     params = load_params(root / "params.yaml")
-    torch.manual_seed(seed)
-    model = build_model("sasrec", params.model_config("sasrec"), n_items=4, n_users=2)
     shutil.rmtree(checkpoint_dir(root, "sasrec"), ignore_errors=True)
-    ckpt = save_checkpoint(checkpoint_dir(root, "sasrec"), model, dataset_fingerprint="0" * 64,
-                           item_ids=list("abcd"), user_ids=["u1", "u2"], extra={"init": init})
+    ckpt = trained(checkpoint_dir(root, "sasrec"), params, "sasrec", seed, init)
     tries = cold_tries(root, params)
     with open_registry(params.registry, root, params.gate) as registry:
         decision = registry.promote(ckpt, make_eval(-0.3, seed=seed), dataset_version=f"{data}.dir",
@@ -499,6 +500,26 @@ def test_a_cold_try_that_lost_the_gate_is_not_repeated_on_every_later_batch(tmp_
     set_data(other, "d2")
     resolve(other)
     assert not source(other, "sasrec").cold_tried
+
+
+def test_every_versions_record_is_read_once_and_only_when_a_source_is_checked(tmp_path, monkeypatch):
+    """The lost-cold-try check reads every version's record; a scheduled run with no source to check (no
+    champion yet, or a champion of another family) must not pay for it, and two warm models share one read."""
+    from recsys.registry import Registry
+
+    reads = []
+    real = Registry.list_versions
+    monkeypatch.setattr(Registry, "list_versions", lambda self: reads.append(1) or real(self))
+    root = workspace(tmp_path / "repo", "auto")
+    resolve(root)  # no champion
+    champion(root, "mostpop", data="d0")  # a champion no trainable model starts from
+    resolve(root)
+    assert reads == []
+    set_data(root, "d2")
+    champion(root, "sasrec", data="d1")
+    bert = champion(root, "bert4rec", data="d1")
+    set_data(root, "d3")
+    assert resolve(root)[2] == f"bert4rec: v{bert} (updated)" and reads == [1]
 
 
 def test_the_fan_out_coordinator_ships_the_source_resolved_under_its_lock(tmp_path, monkeypatch, caplog):
