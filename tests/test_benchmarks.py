@@ -52,9 +52,26 @@ def test_the_readmes_mojito_gpu_recipe_is_the_run_that_met_the_gpu_aims(tmp_path
         curves.MOJITO_WIDE_GRAPHED, load_params(ROOT / "params.yaml"))
 
 
-def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
+def test_bert4recs_best_measured_run_is_what_params_yaml_trains_cold():
+    """params.yaml's BERT4Rec is the measured run (curves.BERT4REC_AD0_E400) but for early stopping's settings,
+    which cannot end its cold run before the budget: min_epochs = epochs (the trainer's rule, replayed on any
+    curve), while patience ends a warm start (floor warm_min_epochs)."""
+    import dataclasses
+
+    from recsys.train_state import STOPPING_FIELDS, early_stop_epoch
+
     params = load_params(ROOT / "params.yaml")
-    assert configs_for(curves.BERT4REC_DEFAULT_RUN, params) == configs_for("bert4rec", params)
+    name, model, train = configs_for(curves.BERT4REC_DEFAULT_RUN, params)
+    got_name, got_model, got_train = configs_for("bert4rec", params)
+    assert (name, model) == (got_name, got_model)
+    ours = {f: getattr(got_train, f) for f in STOPPING_FIELDS}
+    assert dataclasses.replace(train, **ours) == got_train and train.lr_schedule == "constant"
+    assert got_train.min_epochs >= got_train.epochs == train.epochs  # cold: the whole budget, as the run
+    flat = [{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)]  # never improves after epoch 1
+    assert early_stop_epoch(flat, train.patience, train.min_epochs, "v") is None  # the run: its budget
+    assert early_stop_epoch(flat, got_train.patience, got_train.min_epochs, "v") == train.epochs  # the same end
+    warm = early_stop_epoch(flat, got_train.patience, got_train.warm_min_epochs, "v")
+    assert warm is not None and warm < train.epochs  # a warm start stops on patience
 
 
 def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
