@@ -185,9 +185,9 @@ BERT4REC_AD0_COS300 = _budget(BERT4REC_P80_AD0, 300, 0.003)
 # epochs of ~22 CPU s is about 2.3 x SASRec's time to best on the Xeon box, inside the 3 x aim. A constant rate
 # the epoch count stopped is marked "not converged" (still rising: its NDCG a lower bound); the verdict stands.
 BERT4REC_AD0_E400 = f"{BERT4REC_P80_AD0},epochs=400,patience=400,min_epochs=0"
-# params.yaml's BERT4Rec since session 51 (sessions 32-50: BERT4REC_EMA_WARMUP): it trains a cold run as this one,
-# epoch for epoch — its min_epochs equals its epochs, so early stopping cannot end a cold run before the budget
-# does — while its patience (40) ends a warm start; tests/test_benchmarks.py checks both.
+# params.yaml's BERT4Rec since session 51 (sessions 32-50: BERT4REC_EMA_WARMUP): this run's settings and budget,
+# early stopping (patience 80 after epoch 200, session 52) in place of none — on every stored row of this run it
+# stops after the best epoch, so params.yaml trains the same checkpoint; tests/test_benchmarks.py replays them.
 BERT4REC_DEFAULT_RUN = BERT4REC_AD0_E400
 CURVE_RUNS = ("mostpop", SASREC_DEFAULT_RUN, SASREC_D64, _WINDOWS_ALL, "sasrec:ce", "bert4rec", "mojito")
 # The SASRec ablation (issue 11): (run, the run it is compared with, what changed).

@@ -54,7 +54,7 @@ SASREC="${SASREC_D64},dim=128,lr=0.002"
 # sessions 10-28 defaults as their rows name them (curves.py MOJITO_LONG, measured at the lr 1e-3 of then)
 BERT4REC_LIS01='bert4rec@windows=all,min_epochs=200,patience=40,grad_clip=0,dropout=0.2,residual=reference,head_norm=true,last_item_share=0.1'
 # (sessions 13-31's defaults, curves.py BERT4REC_LIS01; sessions 32-50 with the weights' average on,
-# BERT4REC_EMA_WARMUP; since session 51 no attention dropout and a cold budget of 400 epochs, BERT4REC_AD0_E400)
+# BERT4REC_EMA_WARMUP; since session 51 no attention dropout over 400 epochs, BERT4REC_AD0_E400)
 BERT4REC="${BERT4REC_LIS01},ema=0.999,ema_warmup=true"
 BERT4REC="${BERT4REC/patience=40/patience=80},attn_dropout=0,epochs=400,patience=400,min_epochs=0"
 MOJITO_LONG='mojito@batching=random,patience=20,min_epochs=100,windows=all'

@@ -171,10 +171,10 @@ COMPARISONS = [
      "session 37; the patience-80 row was stopped by the clock (not converged)"),
     ("bert4rec.attn_dropout = -1 (= dropout, 0.2)", "0 (the fused attention kernel on a CPU)", "CPU", "ml-100k",
      B_DEFAULT, curves.BERT4REC_100K_AD0, "session 46: kept on ML-100K; ML-1M-half in RESULTS"),
-    ("bert4rec.attn_dropout = 0, train: a cold budget of 400 epochs (min_epochs = epochs = 400)",
+    ("bert4rec.attn_dropout = 0, train: a budget of 400 epochs (patience 80 after epoch 200)",
      "attn_dropout -1, min_epochs 200, patience 40, epochs 2000", "CPU", "ml-100k", curves.BERT4REC_AD0_E400,
-     B_DEFAULT, "session 51: params.yaml's BERT4Rec since then (cold: curves.BERT4REC_DEFAULT_RUN)"),
-    ("bert4rec.attn_dropout = 0, train: a cold budget of 400 epochs (min_epochs = epochs = 400)",
+     B_DEFAULT, "session 51: params.yaml's BERT4Rec since then (curves.BERT4REC_DEFAULT_RUN)"),
+    ("bert4rec.attn_dropout = 0, train: a budget of 400 epochs (patience 80 after epoch 200)",
      "attn_dropout -1, min_epochs 200, patience 40, epochs 2000", "CPU", "ml-1m-half", curves.BERT4REC_AD0_E400,
      B_DEFAULT, "session 51 (chosen: Intel Xeon rows, alternative: AMD EPYC; validation does not depend on the box)"),
     # --- MOJITO -------------------------------------------------------------------------------------------

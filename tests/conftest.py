@@ -135,8 +135,7 @@ TINY_PARAMS_OVERRIDES = {
     # the tiny rate for SASRec too: params.yaml's sasrec.train.lr (2e-3, for dim 128) would override train.lr
     "sasrec": {"dim": 16, "n_layers": 1, "n_heads": 1, "dropout": 0.1, "max_len": 20, "n_negatives": 8,
                "train": {"lr": 0.005}},
-    "bert4rec": {"dim": 16, "n_layers": 1, "n_heads": 2, "ffn_dim": 32, "max_len": 20,
-                 "train": {"patience": 2, "min_epochs": 200}},  # (the tiny runs' floor before session 51)
+    "bert4rec": {"dim": 16, "n_layers": 1, "n_heads": 2, "ffn_dim": 32, "max_len": 20, "train": {"patience": 2}},
     "mojito": {"dim": 16, "n_layers": 1, "n_heads": 2, "max_len": 20, "time_dim": 4, "fism_items": 5},
 }
 

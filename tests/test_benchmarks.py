@@ -52,12 +52,11 @@ def test_the_readmes_mojito_gpu_recipe_is_the_run_that_met_the_gpu_aims(tmp_path
         curves.MOJITO_WIDE_GRAPHED, load_params(ROOT / "params.yaml"))
 
 
-def test_bert4recs_best_measured_run_is_what_params_yaml_trains_cold():
-    """params.yaml's BERT4Rec is the measured run (curves.BERT4REC_AD0_E400) but for early stopping's settings,
-    which cannot end its cold run before the budget: min_epochs = epochs (the trainer's rule, replayed on any
-    curve), while patience ends a warm start (floor warm_min_epochs)."""
-    import dataclasses
-
+def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
+    """params.yaml's BERT4Rec is the measured run (curves.BERT4REC_AD0_E400, early stopping off over its budget)
+    but for early stopping's settings, which on every stored row of that run stop after its best epoch — the
+    trainer's rule replayed on the row's curve — so params.yaml trains the same best checkpoint; a run that
+    stops improving early stops before the budget (small data, a warm start) instead of training all of it."""
     from recsys.train_state import STOPPING_FIELDS, early_stop_epoch
 
     params = load_params(ROOT / "params.yaml")
@@ -66,12 +65,21 @@ def test_bert4recs_best_measured_run_is_what_params_yaml_trains_cold():
     assert (name, model) == (got_name, got_model)
     ours = {f: getattr(got_train, f) for f in STOPPING_FIELDS}
     assert dataclasses.replace(train, **ours) == got_train and train.lr_schedule == "constant"
-    assert got_train.min_epochs >= got_train.epochs == train.epochs  # cold: the whole budget, as the run
+    assert early_stop_epoch([{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)], train.patience,
+                            train.min_epochs, "v") is None  # the measured run: early stopping off
+    rows = [row for path in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+            for row in json.loads(path.read_text()) if isinstance(row, dict)
+            and row.get("run") == curves.BERT4REC_DEFAULT_RUN]
+    assert {row["dataset"] for row in rows} == {"ml-100k", "ml-1m-half"} and len(rows) >= 6
+    for row in rows:
+        assert len(row["curve"]) == train.epochs  # the whole budget was validated
+        stop = early_stop_epoch(row["curve"], got_train.patience, got_train.min_epochs, "valid_ndcg@10")
+        kept = row["curve"][:stop or train.epochs]
+        best = max(kept, key=lambda epoch: epoch["valid_ndcg@10"])  # the first of equal scores, as the trainer
+        assert best["epoch"] == row["best_epoch"], (row["dataset"], row["seed"], stop)
     flat = [{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)]  # never improves after epoch 1
-    assert early_stop_epoch(flat, train.patience, train.min_epochs, "v") is None  # the run: its budget
-    assert early_stop_epoch(flat, got_train.patience, got_train.min_epochs, "v") == train.epochs  # the same end
-    warm = early_stop_epoch(flat, got_train.patience, got_train.warm_min_epochs, "v")
-    assert warm is not None and warm < train.epochs  # a warm start stops on patience
+    assert early_stop_epoch(flat, got_train.patience, got_train.min_epochs, "v") < train.epochs
+    assert early_stop_epoch(flat, got_train.patience, got_train.warm_min_epochs, "v") < train.epochs
 
 
 def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():

@@ -251,7 +251,7 @@ def test_the_rejection_line_says_rejected_once_per_batch(tmp_path):
     assert rejection(summaries[:1], tmp_path) is None
 
 
-@pytest.mark.parametrize("argv, message", [
+REFUSED_COMMAND_LINES = [
     (["flows.retrain", "--models", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
     (["flows.pipeline", "--models", "sasrec", "nosuch"], "model(s) ['nosuch'] are not in params.yaml `models`"),
     # a fan-out handed the model out twice and lost the first run's id
@@ -261,34 +261,81 @@ def test_the_rejection_line_says_rejected_once_per_batch(tmp_path):
     (["flows.ingest", "--inbox", "."], "inbox {repo} is the repository root"),
     (["flows.retrain", "--repo-root", "nowhere"], "--repo-root nowhere: no such folder"),
     (["flows.pipeline", "--repo-root", "sub"], "--repo-root sub: {repo}/sub holds no params.yaml"),
-], ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+]
+# one command line of each flow also runs as its own process (what a person types; the rest run in-process)
+_AS_PROCESSES = [REFUSED_COMMAND_LINES[i] for i in (0, 3, 5)]
+_IDS = {"ids": lambda value: " ".join(value) if isinstance(value, list) else None}
+
+
+def _a_repository(tmp_path, params_text: str = ""):
+    repo = (tmp_path / "repo").resolve()
+    (repo / "sub").mkdir(parents=True)
+    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text() + params_text)
+    return repo
+
+
+def _repo_root_argument(argv: list[str]) -> list[str]:
+    return [] if "--repo-root" in argv else ["--repo-root", "."]
+
+
+@pytest.mark.parametrize("argv, message", _AS_PROCESSES, **_IDS)
 def test_a_flow_command_line_the_flow_would_refuse_is_refused_before_a_server_starts(argv, message, tmp_path):
     """`python -m flows.retrain --models nosuch` started Prefect's temporary server, recorded a failed flow
     run and printed the reason twice among seven lines (~20 s); now the command line is checked first: one
     `error:` line, exit 1, and no server database in PREFECT_HOME (no run was recorded)."""
-    repo = (tmp_path / "repo").resolve()
-    (repo / "sub").mkdir(parents=True)
-    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text())
-    env = flow_env(tmp_path)
-    done = subprocess.run([sys.executable, "-m", *argv, *([] if "--repo-root" in argv else ["--repo-root", "."])],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+    repo = _a_repository(tmp_path)
+    done = subprocess.run([sys.executable, "-m", *argv, *_repo_root_argument(argv)], cwd=repo,
+                          env=flow_env(tmp_path), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, done.stderr
     assert done.stdout == "" and done.stderr.startswith(f"error: {message.format(repo=repo)}"), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert not list((tmp_path / "prefect-home").rglob("*.db"))  # no temporary server, no flow run
 
 
-@pytest.mark.parametrize("module", ["flows.retrain", "flows.pipeline"])
-def test_a_params_file_the_flow_would_refuse_is_refused_before_a_server_starts(module, tmp_path):
+def _refused_in_process(monkeypatch, capsys, repo, argv: list[str]) -> str:
+    """`python -m <argv>` run by the flow module's own `main` in this process, its flow replaced by one that
+    fails the test if it is ever called: the command line's one stderr line, after exit code 1."""
+    import importlib
+
+    module = importlib.import_module(argv[0])
+    flow_name = argv[0].removeprefix("flows.")
+    started = []
+    monkeypatch.setattr(module, flow_name, lambda **kwargs: started.append(kwargs))
+    monkeypatch.chdir(repo)
+    with pytest.raises(SystemExit) as stopped:
+        module.main([*argv[1:], *_repo_root_argument(argv)])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 1 and out == "" and not started, (err, started)
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv, message", REFUSED_COMMAND_LINES, **_IDS)
+def test_every_refused_flow_command_line_is_one_line_before_the_flow_runs(argv, message, tmp_path, monkeypatch,
+                                                                          capsys):
+    """The same precheck, every case, through each flow module's `main` (the processes above show the
+    process around it: the exit code, and no temporary server)."""
+    repo = _a_repository(tmp_path)
+    err = _refused_in_process(monkeypatch, capsys, repo, argv)
+    assert err.startswith(f"error: {message.format(repo=repo)}"), err
+
+
+PARAMS_TYPO_LINE = "error: unknown section(s) ['train_typo'] in params.yaml\n"
+
+
+def test_a_params_file_the_flow_would_refuse_is_refused_before_a_server_starts(tmp_path):
     """Without --models the precheck read no params.yaml: a misspelt key started Prefect's server first."""
-    repo = (tmp_path / "repo").resolve()
-    repo.mkdir()
-    (repo / "params.yaml").write_text((REPO_ROOT / "params.yaml").read_text() + "\ntrain_typo: 1\n")
-    done = subprocess.run([sys.executable, "-m", module, "--repo-root", "."], cwd=repo, env=flow_env(tmp_path),
-                          capture_output=True, text=True, timeout=120, check=False)
+    repo = _a_repository(tmp_path, "\ntrain_typo: 1\n")
+    done = subprocess.run([sys.executable, "-m", "flows.retrain", "--repo-root", "."], cwd=repo,
+                          env=flow_env(tmp_path), capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1 and done.stdout == "", done.stderr
-    assert done.stderr == "error: unknown section(s) ['train_typo'] in params.yaml\n", done.stderr
+    assert done.stderr == PARAMS_TYPO_LINE, done.stderr
     assert not list((tmp_path / "prefect-home").rglob("*.db"))
+
+
+def test_the_pipelines_command_line_refuses_that_params_file_too(tmp_path, monkeypatch, capsys):
+    repo = _a_repository(tmp_path, "\ntrain_typo: 1\n")
+    assert _refused_in_process(monkeypatch, capsys, repo, ["flows.pipeline"]) == PARAMS_TYPO_LINE
 
 
 def test_the_flows_epochs_option_is_bounded_as_train_epochs_is():

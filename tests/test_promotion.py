@@ -156,23 +156,38 @@ def test_the_flow_records_the_data_dvc_repro_trained_on_not_an_ingest_since(work
 
 def test_a_promotion_waits_for_the_workspace_lock(workspace, tmp_path):
     """A `dvc repro` or an ingest of another run (holding the workspace lock) could replace a checkpoint or
-    its metrics while a promotion read and copied them: the promotion now waits for the lock."""
+    its metrics while a promotion read and copied them: the promotion now waits for the lock — still
+    waiting a second after it started, done once the holder lets go (which it does when told)."""
     import subprocess
     import sys
+    import threading
 
-    released = tmp_path / "released"
+    go, released = tmp_path / "go", tmp_path / "released"
     hold = ("import sys, time\nfrom pathlib import Path\n"
             "from recsys.workspace import workspace_lock\n"
             "with workspace_lock(Path(sys.argv[1])):\n"
-            "    print('locked', flush=True)\n    time.sleep(5)\n    Path(sys.argv[2]).write_text('x')\n")
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(workspace), str(released)],
+            "    print('locked', flush=True)\n"
+            "    deadline = time.monotonic() + 60\n"
+            "    while not Path(sys.argv[2]).exists() and time.monotonic() < deadline:\n"
+            "        time.sleep(0.02)\n"
+            "    Path(sys.argv[3]).write_text('x')\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(workspace), str(go), str(released)],
                               stdout=subprocess.PIPE, text=True)
+    decisions = []
     try:
         assert holder.stdout.readline().strip() == "locked"
-        decision = promote_candidate(workspace, load_params(workspace / "params.yaml"), "sasrec")
-        assert released.exists()  # it could not finish before the holder let go
+        promoter = threading.Thread(target=lambda: decisions.append(
+            promote_candidate(workspace, load_params(workspace / "params.yaml"), "sasrec")))
+        promoter.start()
+        promoter.join(1.0)
+        assert promoter.is_alive() and not decisions  # blocked on the lock the holder keeps
+        go.write_text("x")
+        promoter.join(60)
+        assert released.exists()  # it finished only after the holder let go
+        [decision] = decisions
         assert decision.version == 2
     finally:
+        go.write_text("x")
         holder.wait(60)
 
 
