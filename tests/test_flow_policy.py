@@ -34,6 +34,16 @@ def test_importing_the_flows_turns_telemetry_off_unless_set(tmp_path):
     assert explicit.stdout.strip() == "['0', 'false', 'false']"
 
 
+def test_a_flow_process_against_a_configured_server_does_not_load_prefects_own_server(tmp_path):
+    """With PREFECT_API_URL set there is no temporary server to start, so its modules (~0.6 s of imports in
+    every flow process a worker or a schedule runs) are not loaded (test_flows.py starts one without it)."""
+    code = ("import sys\nfrom flows.ephemeral import start_in_own_session\n"
+            "print(start_in_own_session(), 'prefect.server.api.server' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={**flow_env(tmp_path), "PREFECT_API_URL": "http://127.0.0.1:9/api"}, check=True)
+    assert done.stdout.split() == ["None", "False"], done.stderr
+
+
 @pytest.mark.parametrize("exc, retried", [
     (ConfigError("train: unknown key(s) ['epochz']"), False),
     (PrepareError("5-core filter kept 0 of 9 events"), False),
