@@ -274,7 +274,10 @@ REFUSED_COMMAND_LINES = [
 ]
 # one command line of each flow also runs as its own process (what a person types; the rest run in-process)
 _AS_PROCESSES = [REFUSED_COMMAND_LINES[i] for i in (0, 3, 5)]
-_IDS = {"ids": lambda value: " ".join(value) if isinstance(value, list) else None}
+
+
+def _command_line_id(value):
+    return " ".join(value) if isinstance(value, list) else None
 
 
 def _a_repository(tmp_path, params_text: str = ""):
@@ -288,7 +291,7 @@ def _repo_root_argument(argv: list[str]) -> list[str]:
     return [] if "--repo-root" in argv else ["--repo-root", "."]
 
 
-@pytest.mark.parametrize("argv, message", _AS_PROCESSES, **_IDS)
+@pytest.mark.parametrize("argv, message", _AS_PROCESSES, ids=_command_line_id)
 def test_a_flow_command_line_the_flow_would_refuse_is_refused_before_a_server_starts(argv, message, tmp_path):
     """`python -m flows.retrain --models nosuch` started Prefect's temporary server, recorded a failed flow
     run and printed the reason twice among seven lines (~20 s); now the command line is checked first: one
@@ -320,7 +323,7 @@ def _refused_in_process(monkeypatch, capsys, repo, argv: list[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize("argv, message", REFUSED_COMMAND_LINES, **_IDS)
+@pytest.mark.parametrize("argv, message", REFUSED_COMMAND_LINES, ids=_command_line_id)
 def test_every_refused_flow_command_line_is_one_line_before_the_flow_runs(argv, message, tmp_path, monkeypatch,
                                                                           capsys):
     """The same precheck, every case, through each flow module's `main` (the processes above show the
