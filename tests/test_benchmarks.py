@@ -65,8 +65,8 @@ def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
     assert (name, model) == (got_name, got_model)
     ours = {f: getattr(got_train, f) for f in STOPPING_FIELDS}
     assert dataclasses.replace(train, **ours) == got_train and train.lr_schedule == "constant"
-    assert early_stop_epoch([{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)], train.patience,
-                            train.min_epochs, "v") is None  # the measured run: early stopping off
+    flat = [{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)]  # never improves after epoch 1
+    assert early_stop_epoch(flat, train.patience, train.min_epochs, "v") is None  # the measured run: no stop
     rows = [row for path in sorted((ROOT / "benchmarks" / "results").glob("*.json"))
             for row in json.loads(path.read_text()) if isinstance(row, dict)
             and row.get("run") == curves.BERT4REC_DEFAULT_RUN]
@@ -77,7 +77,6 @@ def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
         kept = row["curve"][:stop or train.epochs]
         best = max(kept, key=lambda epoch: epoch["valid_ndcg@10"])  # the first of equal scores, as the trainer
         assert best["epoch"] == row["best_epoch"], (row["dataset"], row["seed"], stop)
-    flat = [{"epoch": e, "v": 0.5} for e in range(1, train.epochs + 1)]  # never improves after epoch 1
     assert early_stop_epoch(flat, got_train.patience, got_train.min_epochs, "v") < train.epochs
     assert early_stop_epoch(flat, got_train.patience, got_train.warm_min_epochs, "v") < train.epochs
 
