@@ -750,7 +750,7 @@ def test_the_gpu_session_script_trains_todays_defaults():
                  "BERT4REC_GRAPHED", "BERT4REC_MASK02_GRAPHED", "BERT4REC_PEER_GRAPHED", "BERT4REC_MASK04_GRAPHED",
                  "BERT4REC_WIDE_D03_GRAPHED", "BERT4REC_EMA_GRAPHED", "BERT4REC_EMA9995_GRAPHED",
                  "BERT4REC_MASK04_EMA_GRAPHED", "BERT4REC_EMA_WARMUP_GRAPHED", "BERT4REC_EMA_WARMUP_P80_GRAPHED",
-                 "BERT4REC_AD0_E400_LR6", "BERT4REC_AD0_E400_LIN6"):
+                 "BERT4REC_AD0_E400_LIN6"):
         defs = [line for line in script.splitlines()
                 if line.split("=")[0] in {"MOJITO_WIDE", "BERT4REC_GRAPHED", "BERT4REC_EMA_GRAPHED",
                                           "BERT4REC_MASK04_GRAPHED", "BERT4REC_EMA_WARMUP_GRAPHED", name}]
