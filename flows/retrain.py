@@ -32,7 +32,7 @@ from recsys.config import ConfigError, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
-                               training_progress)
+                               training_progress, training_status)
 from recsys.faults import fault_point
 from recsys.entry import ArgumentParser, positive_float, positive_int
 from recsys.model_configs import BASELINE, MAX_EPOCHS
@@ -40,6 +40,7 @@ from recsys.fanout import IDLE_MINUTES, check_deployment_name, check_fan_out, co
 from recsys.workspace import run_dvc, workspace_lock
 
 ROOT = Path(".")  # flows run from the repository root (deployments set it in their pull step)
+PROGRESS_LOG_S = 30.0  # at most one training-progress line in the run's log this often
 
 
 @task(name="warm-sources", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_if_transient)
@@ -68,11 +69,18 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
     args = ["repro", *(["--force"] if force else []), *targets]
     progress_id = create_progress_artifact(0.0, key="training-progress", description="dvc repro: starting")
     started, started_wall = time.monotonic(), time.time()
+    logged = {"at": started, "line": ""}
 
     def report() -> None:
-        fraction = training_progress(paths.root, params, models, since=started_wall)
-        update_progress_artifact(progress_id, 100.0 * min(fraction, 0.99),
+        status = training_status(paths.root, params, models, since=started_wall)
+        update_progress_artifact(progress_id, 100.0 * min(training_progress(status, len(models)), 0.99),
                                  description=f"dvc repro running for {time.monotonic() - started:.0f}s")
+        # The run's log (the console of `python -m flows.pipeline`, the UI's log tab) says where training is,
+        # every PROGRESS_LOG_S while anything moved, instead of nothing until `dvc repro` ends.
+        line = "; ".join(map(str, status))
+        if line and line != logged["line"] and time.monotonic() - logged["at"] >= PROGRESS_LOG_S:
+            logger.info("training (%.0f s): %s", time.monotonic() - started, line)
+            logged.update(at=time.monotonic(), line=line)
 
     with workspace_lock(paths.root), epochs_override(paths.params, epochs, models):
         from recsys.warm_source import MOVED_ON, moved_under_lock

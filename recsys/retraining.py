@@ -3,7 +3,8 @@
 Plain functions the retrain flow calls (the flow says *when*; this says *what*):
 `select_models` (params.yaml `models`, MostPop always in as the gate's baseline), `read_results` (each
 model's evaluate-stage metrics), `choose_candidate` (best by *validation* NDCG@10 — the test split is only
-measured), `training_progress` (from the training curves, while `dvc repro` runs) and `epochs_override`.
+measured), `training_status` and `training_progress` (from the training curves, while `dvc repro` runs) and
+`epochs_override`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import yaml
 
 from recsys.atomic import fsync_dir, write_text_atomic
 from recsys.config import ConfigError, Params, validate_name
-from recsys.layout import SELECTION_METRIC, Layout
+from recsys.layout import SELECTION_METRIC, VALID_COLUMN, Layout
 from recsys.model_configs import BASELINE, MAX_EPOCHS
 from recsys.workspace import workspace_lock
 
@@ -80,17 +82,49 @@ def choose_candidate(results: dict[str, dict[str, Any]]) -> str | None:
     return max(scored, key=scored.get) if scored else None
 
 
-def training_progress(root: Path, params: Params, models: list[str], since: float) -> float:
-    """Share of the epoch budget done, from the training curves written after `since` (a wall-clock time).
+@dataclass(frozen=True)
+class ModelProgress:
+    """One model's training so far in this run, read off its curve (plots/<model>.csv)."""
 
-    DVC deletes a stage's outputs before running it, so a curve older than this run is stale."""
-    done = []
+    model: str
+    epoch: int  # epochs finished (0 for a counting model, which is done once counted)
+    budget: int  # train.epochs; early stopping may end the run before it (0 for a counting model)
+    valid: float  # the newest epoch's validation NDCG@10
+    best: float  # the best so far and its epoch: the checkpoint the run keeps (the first of equals, as the trainer)
+    best_epoch: int
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.budget == 0 else min(self.epoch / self.budget, 1.0)
+
+    def __str__(self) -> str:
+        if self.budget == 0:
+            return f"{self.model} counted ({VALID_COLUMN}={self.valid:.4f})"
+        return (f"{self.model} epoch {self.epoch}/{self.budget} {VALID_COLUMN}={self.valid:.4f} "
+                f"(best {self.best:.4f} at epoch {self.best_epoch})")
+
+
+def training_status(root: Path, params: Params, models: Sequence[str], since: float) -> list[ModelProgress]:
+    """Each of `models` (in that order) whose training curve this run has written: newer than `since`, a
+    wall-clock time. DVC deletes a stage's outputs before running it, so an older curve is a previous run's."""
+    status = []
     for m in models:
         curve = Layout(root).curve(m)
-        fresh = curve.is_file() and curve.stat().st_mtime >= since
-        budget = max(params.train_config(m).epochs, 1)
-        done.append(min(len(read_curve(curve)) / budget, 1.0) if fresh else 0.0)
-    return sum(done) / max(len(done), 1)
+        if not (curve.is_file() and curve.stat().st_mtime >= since):
+            continue
+        rows = read_curve(curve)
+        if not rows:
+            continue
+        best = max(rows, key=lambda row: row[VALID_COLUMN])
+        counting = rows[-1]["epoch"] == 0  # (recsys.train: a model with nothing to train writes epoch 0 only)
+        status.append(ModelProgress(m, int(rows[-1]["epoch"]), 0 if counting else params.train_config(m).epochs,
+                                    rows[-1][VALID_COLUMN], best[VALID_COLUMN], int(best["epoch"])))
+    return status
+
+
+def training_progress(status: Sequence[ModelProgress], n_models: int) -> float:
+    """Share of `n_models`' epoch budgets done (a model not started yet counts 0)."""
+    return sum(p.fraction for p in status) / max(n_models, 1)
 
 
 def _backup_of(params_path: Path) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -244,6 +245,30 @@ def test_epochs_override_is_recorded_by_dvc_and_params_file_restored(prefect_har
     assert "train@sasrec" not in restored["stages_run"]  # checked out from the run-cache
     assert len((repo / "plots" / "sasrec.csv").read_text().strip().splitlines()) == 2  # the 1-epoch curve
     assert not stale.exists()
+
+
+def test_a_retrain_run_logs_where_training_is_while_dvc_repro_runs(prefect_harness, tmp_path, monkeypatch):
+    """`dvc repro` keeps its stages' output until it ends; the run's log (the console of a manual run, the UI's
+    log tab) says meanwhile which model is at which epoch, read off the curves the trainer writes."""
+    import flows.retrain as retrain_flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    monkeypatch.setattr(retrain_flow, "PROGRESS_LOG_S", 0.0)  # every change, not one line in 30 s
+    repo = make_repo(tmp_path / "repo", {"train": {"epochs": 40}})
+    state = retrain_flow.retrain(repo_root=str(repo), models=["sasrec"], return_state=True)
+    assert state.is_completed(), state
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    lines = [log.message for log in logs if log.message.startswith("training (")]
+    progress = r"training \(\d+ s\): (mostpop counted \(valid_ndcg@10=0\.\d{4}\)(; )?)?"
+    sasrec = r"sasrec epoch (\d+)/40 valid_ndcg@10=0\.\d{4} \(best 0\.\d{4} at epoch (\d+)\)"
+    assert lines and all(re.fullmatch(progress + f"({sasrec})?", line) for line in lines), lines
+    epochs = [int(m.group(1)) for line in lines if (m := re.search(sasrec, line))]
+    assert epochs and epochs == sorted(epochs) and epochs[-1] <= 40, lines  # it moves forward, within budget
+    assert all(int(m.group(2)) <= int(m.group(1)) for line in lines if (m := re.search(sasrec, line)))
 
 
 def test_a_run_killed_after_an_epochs_override_repro_has_params_put_back_by_the_next_run(tmp_path):
