@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -28,7 +29,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from flows.artifacts import publish_decision, publish_retrain
 from flows.errors import add_verbose_flag, quiet_console, retry_if_transient, run_main
 from flows.ingest import bootstrap
-from recsys.config import ConfigError, load_params, workspace_root
+from recsys.config import ConfigError, Params, load_params, workspace_root
 from recsys.layout import Layout, prune_resume_state
 from recsys.retraining import (check_epochs, choose_candidate, epochs_override, read_curve,
                                read_results, restore_left_override, select_models, check_models_given,
@@ -71,8 +72,8 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
     started, started_wall = time.monotonic(), time.time()
     logged = {"at": started, "line": ""}
 
-    def report() -> None:
-        status = training_status(paths.root, params, models, since=started_wall)
+    def report(trained: Params) -> None:  # (trained: params.yaml as the stages read it, --epochs applied)
+        status = training_status(paths.root, trained, models, since=started_wall)
         update_progress_artifact(progress_id, 100.0 * min(training_progress(status, len(models)), 0.99),
                                  description=f"dvc repro running for {time.monotonic() - started:.0f}s")
         # The run's log (the console of `python -m flows.pipeline`, the UI's log tab) says where training is,
@@ -87,7 +88,7 @@ def reproduce(root: str, targets: list[str], force: bool, epochs: int | None, mo
 
         for line in moved_under_lock(paths.root, params):
             logger.warning(MOVED_ON, line)
-        done = run_dvc(paths.root, *args, watch=report)
+        done = run_dvc(paths.root, *args, watch=functools.partial(report, load_params(paths.params)))
         fault_point("after_repro")  # a kill here leaves an --epochs override for the next run to put back
     update_progress_artifact(progress_id, 100.0, description="dvc repro finished")
     for stale in prune_resume_state(paths.resume, models):  # outputs complete, however DVC got them

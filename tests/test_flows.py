@@ -256,8 +256,8 @@ def test_a_retrain_run_logs_where_training_is_while_dvc_repro_runs(prefect_harne
     from prefect.logging.handlers import APILogHandler
 
     monkeypatch.setattr(retrain_flow, "PROGRESS_LOG_S", 0.0)  # every change, not one line in 30 s
-    repo = make_repo(tmp_path / "repo", {"train": {"epochs": 40}})
-    state = retrain_flow.retrain(repo_root=str(repo), models=["sasrec"], return_state=True)
+    repo = make_repo(tmp_path / "repo")  # 12 epochs: the run's --epochs override is the budget it reports
+    state = retrain_flow.retrain(repo_root=str(repo), models=["sasrec"], epochs=40, return_state=True)
     assert state.is_completed(), state
     APILogHandler().flush()
     with get_client(sync_client=True) as client:
