@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,33 +93,40 @@ class ModelProgress:
     valid: float  # the newest epoch's validation NDCG@10
     best: float  # the best so far and its epoch: the checkpoint the run keeps (the first of equals, as the trainer)
     best_epoch: int
+    done: bool = False  # its training has ended (early stopping may have ended it before the budget)
 
     @property
     def fraction(self) -> float:
-        return 1.0 if self.budget == 0 else min(self.epoch / self.budget, 1.0)
+        return 1.0 if self.budget == 0 or self.done else min(self.epoch / self.budget, 1.0)
 
     def __str__(self) -> str:
         if self.budget == 0:
             return f"{self.model} counted ({VALID_COLUMN}={self.valid:.4f})"
+        if self.done:
+            return (f"{self.model} done after {self.epoch}/{self.budget} epochs (best {VALID_COLUMN}="
+                    f"{self.best:.4f} at epoch {self.best_epoch})")
         return (f"{self.model} epoch {self.epoch}/{self.budget} {VALID_COLUMN}={self.valid:.4f} "
                 f"(best {self.best:.4f} at epoch {self.best_epoch})")
 
 
 def training_status(root: Path, params: Params, models: Sequence[str], since: float) -> list[ModelProgress]:
     """Each of `models` (in that order) whose training curve this run has written: newer than `since`, a
-    wall-clock time. DVC deletes a stage's outputs before running it, so an older curve is a previous run's."""
-    status = []
+    wall-clock time. DVC deletes a stage's outputs before running it, so an older curve is a previous run's.
+    `dvc repro` runs one stage at a time, so every curve but the one written last belongs to a finished run."""
+    found = []
     for m in models:
         curve = Layout(root).curve(m)
-        if not (curve.is_file() and curve.stat().st_mtime >= since):
-            continue
-        rows = read_curve(curve)
-        if not rows:
-            continue
+        written = curve.stat().st_mtime if curve.is_file() else -math.inf
+        if written >= since and (rows := read_curve(curve)):
+            found.append((m, written, rows))
+    newest = max((written for _, written, _ in found), default=None)
+    status = []
+    for m, written, rows in found:
         best = max(rows, key=lambda row: row[VALID_COLUMN])
         counting = rows[-1]["epoch"] == 0  # (recsys.train: a model with nothing to train writes epoch 0 only)
-        status.append(ModelProgress(m, int(rows[-1]["epoch"]), 0 if counting else params.train_config(m).epochs,
-                                    rows[-1][VALID_COLUMN], best[VALID_COLUMN], int(best["epoch"])))
+        budget = 0 if counting else params.train_config(m).epochs
+        status.append(ModelProgress(m, int(rows[-1]["epoch"]), budget, rows[-1][VALID_COLUMN], best[VALID_COLUMN],
+                                    int(best["epoch"]), done=written < newest or rows[-1]["epoch"] >= budget))
     return status
 
 

@@ -37,7 +37,7 @@ def params():
 
 def test_status_is_each_model_this_run_has_trained_with_its_newest_and_best_epoch(tmp_path, params):
     stale = write_curve(tmp_path, "bert4rec", [0.5, 0.6])  # a previous run's: DVC had not deleted it yet
-    since = time.time()
+    since = time.time() - 1  # (file times come from a coarser clock than time.time())
     os.utime(stale, (since - 60, since - 60))
     write_curve(tmp_path, "mostpop", [0.0244], first_epoch=0)
     write_curve(tmp_path, "sasrec", [0.10, 0.31, 0.31, 0.25])  # the best is the first of equals, as trained
@@ -46,13 +46,35 @@ def test_status_is_each_model_this_run_has_trained_with_its_newest_and_best_epoc
     status = training_status(tmp_path, params, models, since)
 
     sasrec_budget = params.train_config("sasrec").epochs
-    assert status == [ModelProgress("mostpop", 0, 0, 0.0244, 0.0244, 0),
+    assert status == [ModelProgress("mostpop", 0, 0, 0.0244, 0.0244, 0, done=True),
                       ModelProgress("sasrec", 4, sasrec_budget, 0.25, 0.31, 2)]
     assert [str(p) for p in status] == [
         "mostpop counted (valid_ndcg@10=0.0244)",
         f"sasrec epoch 4/{sasrec_budget} valid_ndcg@10=0.2500 (best 0.3100 at epoch 2)"]
     # Of the four models' budgets: MostPop's whole (counted), SASRec's 4 epochs, none of the other two.
     assert training_progress(status, len(models)) == pytest.approx((1 + 4 / sasrec_budget) / 4)
+
+
+def test_a_curve_written_before_the_newest_is_a_finished_run(tmp_path, params):
+    """`dvc repro` trains one model at a time: once the next model's curve appears, the one before has ended,
+    whether early stopping ended it or the budget did."""
+    since = time.time() - 10
+    sasrec = write_curve(tmp_path, "sasrec", [0.10, 0.31, 0.31, 0.25])
+    bert4rec = write_curve(tmp_path, "bert4rec", [0.05])
+    os.utime(sasrec, (since + 1, since + 1))
+    os.utime(bert4rec, (since + 2, since + 2))
+    budgets = {m: params.train_config(m).epochs for m in ("sasrec", "bert4rec")}
+
+    status = training_status(tmp_path, params, ["sasrec", "bert4rec"], since)
+
+    assert [(p.model, p.done) for p in status] == [("sasrec", True), ("bert4rec", False)]
+    assert [str(p) for p in status] == [
+        f"sasrec done after 4/{budgets['sasrec']} epochs (best valid_ndcg@10=0.3100 at epoch 2)",
+        f"bert4rec epoch 1/{budgets['bert4rec']} valid_ndcg@10=0.0500 (best 0.0500 at epoch 1)"]
+    assert training_progress(status, 2) == pytest.approx((1 + 1 / budgets["bert4rec"]) / 2)
+
+    write_curve(tmp_path, "bert4rec", [0.05] * budgets["bert4rec"])  # the last model at its budget: done too
+    assert all(p.done for p in training_status(tmp_path, params, ["sasrec", "bert4rec"], since))
 
 
 def test_a_curve_being_rewritten_or_empty_is_no_progress_yet(tmp_path, params):
