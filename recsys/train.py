@@ -43,7 +43,7 @@ from recsys.prepare import Prepared, load
 from recsys.ranking import RankingInputs, scoring_batch_size, scoring_memory, summarise
 from recsys.sequences import SequenceData, TrainingTensors, batch_rows, micro_batch_count, micro_batches
 from recsys.step_graph import FixedShapeStep, current_rate, set_rate
-from recsys.train_state import Resume, WeightAverage, early_stop_epoch, run_key
+from recsys.train_state import Resume, WeightAverage, early_stop_epoch, improves, run_key, stops
 from recsys.warm import start as initialise
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,7 @@ def train_model(
         cpu_now = time.process_time() - cpu_started + cpu_offset  # this rank's
         valid, now = world.from_rank0((valid, now))  # every rank decides (improved, stop) from rank 0's
         score = valid[SELECTION_METRIC]
-        improved = score > state["best"]
+        improved = improves(score, state["best"])
         row = {"epoch": epoch, "loss": epoch_loss, VALID_COLUMN: score,
                "valid_hr@10": valid["hr@10"], "seconds": round(now, 3), "lr": current_rate(optimizer)}
         curve_rows.append(row)
@@ -366,7 +366,7 @@ def train_model(
         fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
-        if state["bad_epochs"] >= cfg.patience and epoch >= floor:
+        if stops(state["bad_epochs"], epoch, cfg.patience, floor):
             stopped_by = "early_stopping"
             break
     seconds = time.perf_counter() - started + time_offset

@@ -99,15 +99,27 @@ def best_epoch_of(folder: Path) -> int | None:
         return None
 
 
+# Early stopping's rule, its one home: the training loop (recsys/train.py) applies it epoch by epoch and
+# `early_stop_epoch` replays it on a saved curve (resume, adoption, the benchmarks' checks), so a change to
+# the rule (a minimum improvement, say) is made here and reaches both.
+def improves(score: float, best: float) -> bool:
+    """A validation score is a new best: above the best so far, by any margin (the kept checkpoint's)."""
+    return score > best
+
+
+def stops(bad_epochs: int, epoch: int, patience: int, floor: int) -> bool:
+    """Early stopping ends the run after `epoch`: `patience` epochs without a new best, at or after `floor`."""
+    return bad_epochs >= patience and epoch >= floor
+
+
 def early_stop_epoch(curve: list[dict], patience: int, floor: int, column: str) -> int | None:
-    """The epoch at which early stopping (`patience` epochs without a better score in `column`, at or after
-    epoch `floor`) ends a run with this validation curve, or None if it does not within the curve — the
-    training loop's own rule (recsys/train.py), replayed on a saved state's curve."""
+    """The epoch at which early stopping (`improves`, `stops`) ends a run with this validation curve, or
+    None if it does not within the curve — the training loop's own rule, replayed on a saved state's curve."""
     best, bad = -math.inf, 0
     for row in curve:
         score = row[column]
-        best, bad = (score, 0) if score > best else (best, bad + 1)
-        if bad >= patience and row["epoch"] >= floor:
+        best, bad = (score, 0) if improves(score, best) else (best, bad + 1)
+        if stops(bad, int(row["epoch"]), patience, floor):
             return int(row["epoch"])
     return None
 

@@ -324,6 +324,26 @@ def test_early_stop_epoch_replays_the_loop_s_rule():
     assert early_stop_epoch(curve[:3], 2, 0, VALID_COLUMN) is None
 
 
+@pytest.mark.parametrize("patience,floor", [(2, 0), (4, 0), (2, 7), (20, 0)])
+def test_the_training_loop_stops_where_the_replayed_rule_says(tiny_prepared, tiny_sasrec_config, fast_train_config,
+                                                              tmp_path, monkeypatch, patience, floor):
+    """The loop and `early_stop_epoch` share one rule (`train_state.improves`, `stops`): a real run with the
+    scripted validation ends at the replayed epoch (or the epoch cap where the rule never fires) and keeps
+    the best epoch of the curve it wrote."""
+    from recsys.layout import VALID_COLUMN
+    from recsys.train_state import early_stop_epoch
+
+    ScriptedValidation(monkeypatch)
+    cap = len(ScriptedValidation.SCRIPT)
+    cfg = dataclasses.replace(fast_train_config, epochs=cap, patience=patience, min_epochs=floor)
+    result = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path)
+    curve = [{"epoch": int(r["epoch"]), VALID_COLUMN: float(r[VALID_COLUMN])}
+             for r in read_curve(tmp_path / "curve.csv")]
+    expected = early_stop_epoch(curve, patience, floor, VALID_COLUMN)
+    assert (result.epochs_run, result.stopped_by) == ((expected, "early_stopping") if expected else (cap, "max_epochs"))
+    assert result.best_epoch == max(curve, key=lambda r: r[VALID_COLUMN])["epoch"]
+
+
 def test_a_run_early_stopping_ended_goes_on_under_a_larger_patience(tiny_prepared, tiny_sasrec_config,
                                                                     fast_train_config, tmp_path, monkeypatch,
                                                                     caplog):
