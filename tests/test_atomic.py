@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from recsys.atomic import atomic_path, remove_stale_temp_dirs, replace_dir, write_text_atomic
@@ -73,7 +74,7 @@ def test_a_prepared_dataset_that_fails_to_save_leaves_the_previous_one_whole(tmp
     unstorable = [object()] * len(tiny_prepared.users)  # pyarrow refuses it: the third of the three tables
     broken = dataclasses.replace(tiny_prepared, events=tiny_prepared.events.iloc[:-1],  # new events, written first
                                  users=tiny_prepared.users.assign(bad=unstorable))
-    with pytest.raises(Exception, match="convert"):
+    with pytest.raises(pa.ArrowInvalid, match="convert"):
         save(broken, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["prepared"]

@@ -188,7 +188,25 @@ def test_model_and_train_settings_out_of_range_name_the_dotted_key_the_value_and
     {"sasrec": {"loss": "ce", "n_negatives": 0}}, {"bert4rec": {"loss": "ce", "n_negatives": 0}},
 ])
 def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
-    parse_params(raw)
+    assert_reads_back(parse_params(raw), raw)
+
+
+def assert_reads_back(params, raw: dict) -> None:
+    """Every value of `raw` is what the parsed params hold (accepted, not dropped, clamped or defaulted):
+    sequences compare as tuples, the form the frozen config keeps them in."""
+    def same(got, want, where):
+        want = tuple(want) if isinstance(want, list) else want
+        assert got == want and type(got) is type(want) or isinstance(want, int) and got == float(want), where
+
+    for section, values in raw.items():
+        for key, value in values.items():
+            where = f"{section}.{key}"
+            if section == "train":
+                same(getattr(params.train, key), value, where)
+            elif section in params.model_configs:
+                same(getattr(params.model_config(section), key), value, where)
+            else:
+                same(getattr(getattr(params, section), key), value, where)
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -266,7 +284,7 @@ def test_stage_settings_out_of_range_are_refused_at_load_naming_the_key(raw, mes
     {"generate": {"start": "1997-09-20T05:00:00+02:00"}},
 ])
 def test_the_edges_of_each_stage_range_are_accepted(raw):
-    parse_params(raw)
+    assert_reads_back(parse_params(raw), raw)
 
 
 def test_numbers_widen_to_float_but_not_to_int():

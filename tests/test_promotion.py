@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from recsys.commands.registry import app as registry_app
 from recsys.config import load_params
 from recsys.lineage import git_code_version
-from recsys.promotion import promote_candidate
+from recsys.promotion import PromotionError, promote_candidate
 from recsys.registry import open_registry
 
 runner = CliRunner()
@@ -233,7 +233,7 @@ def test_only_a_counting_model_can_be_the_ungated_baseline(workspace):
         assert f"{baseline} cannot be the baseline: a baseline is champion without passing the gate" in refused.output
         assert "(mostpop; the default is mostpop)" in refused.output
     assert not (workspace / "registry").exists()  # refused before the registry was opened
-    with pytest.raises(Exception, match="cannot be the baseline"):
+    with pytest.raises(PromotionError, match="cannot be the baseline"):
         promote_candidate(workspace, load_params(workspace / "params.yaml"), "mostpop", baseline="mojito")
 
 
@@ -312,23 +312,40 @@ def test_new_data_rescores_the_champion_and_the_decision_carries_the_compared_va
 
 
 def test_the_champion_is_rescored_where_its_models_evaluate_stage_runs(write_params, tiny_prepared_dir,
-                                                                        trained_sasrec):
+                                                                        trained_sasrec, monkeypatch):
     """The gate re-scored the champion on the CPU whatever `train.device` said, while the candidate's test
     pass ran on its training device: now both are measured where the model's evaluate stage runs."""
     import torch
 
+    from recsys import evaluate
     from recsys.evaluate import evaluate_checkpoint
     from recsys.promotion import rescore_on
 
+    asked: list[tuple] = []  # what the rescore asks for, as the evaluate stage does: device, allocator
+
+    def spy(name, real):
+        def record(*args):
+            asked.append((name, args[0]))
+            return real(*args)
+        monkeypatch.setattr(evaluate, name, record)
+
+    spy("resolve_device", evaluate.resolve_device)
+    spy("retain_cpu_memory", evaluate.retain_cpu_memory)
     checkpoint = trained_sasrec[1]
-    params = load_params(write_params({"sasrec": {"train": {"device": "cpu"}}}))
+    # The global train section says cuda and retain; sasrec's own says cpu and system: sasrec's decides.
+    params = load_params(write_params({"train": {"device": "cuda", "cpu_allocator": "retain"},
+                                       "sasrec": {"train": {"device": "cpu", "cpu_allocator": "system"}}}))
     rescored = rescore_on(params, tiny_prepared_dir)(checkpoint)
+    assert asked == [("resolve_device", "cpu"), ("retain_cpu_memory", "system")]
     assert rescored.metrics == evaluate_checkpoint(checkpoint, tiny_prepared_dir, "test", params.evaluate).metrics
+    asked.clear()
     # The checkpoint's own model's train section decides (sasrec's here, not the global train section);
     # `cuda` on a machine without one (a fan-out coordinator, whose workers have the GPUs) is the CPU.
     on_cuda = load_params(write_params({"sasrec": {"train": {"device": "cuda"}}}))
     assert on_cuda.train.device != "cuda" and on_cuda.train_config("sasrec").device == "cuda"
     on_device = rescore_on(on_cuda, tiny_prepared_dir)(checkpoint)
+    allocator = on_cuda.train_config("sasrec").cpu_allocator
+    assert asked == [("resolve_device", "auto"), ("retain_cpu_memory", allocator)]
     if torch.cuda.is_available():  # scored on the GPU: the same users, the numbers within float error
         assert on_device.metrics.keys() == rescored.metrics.keys()
         assert on_device.metrics["ndcg@10"] == pytest.approx(rescored.metrics["ndcg@10"], abs=1e-3)

@@ -166,7 +166,9 @@ def test_a_run_resumed_on_cuda_draws_its_dropout_as_the_uninterrupted_run_did(ti
     straight = run(tiny_prepared, config, cfg, tmp_path / "straight")
     with pytest.raises(KeyboardInterrupt):
         run(tiny_prepared, config, cfg, tmp_path / "resumed", on_epoch=Interrupt(at=1))
-    result = run(tiny_prepared, config, cfg, tmp_path / "resumed", on_epoch=Interrupt())
+    continued = Interrupt()
+    result = run(tiny_prepared, config, cfg, tmp_path / "resumed", on_epoch=continued)
+    assert continued.seen == [2, 3]  # resumed after epoch 1, not trained again from the start
     assert result.best_valid == pytest.approx(straight.best_valid, abs=1e-6)
     curve, expected = read_curve(tmp_path / "resumed" / "curve.csv"), read_curve(tmp_path / "straight" / "curve.csv")
     assert [float(r["loss"]) for r in curve] == pytest.approx([float(r["loss"]) for r in expected], rel=1e-6)
@@ -935,7 +937,9 @@ def test_lr_schedule_sets_each_epochs_rate_and_a_resumed_run_keeps_the_curve(
     assert lrs == pytest.approx([0.01 * (0.5 + 0.5 * math.cos(math.pi * e / 4)) for e in range(4)])
     with pytest.raises(KeyboardInterrupt):
         run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "cut", on_epoch=Interrupt(at=2))
-    resumed = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "cut")
+    continued = Interrupt()
+    resumed = run(tiny_prepared, tiny_sasrec_config, cfg, tmp_path / "cut", on_epoch=continued)
+    assert continued.seen == [3, 4]  # resumed after epoch 2, not trained again from the start
     assert read_curve(tmp_path / "cut" / "curve.csv")[-1]["loss"] == read_curve(
         tmp_path / "whole" / "curve.csv")[-1]["loss"]
     assert resumed.best_valid == whole.best_valid

@@ -527,7 +527,11 @@ def test_a_mapping_it_cannot_follow_is_a_configuration_error_not_a_bad_batch(rep
 
 def test_extra_columns_can_be_dropped_by_config(repo):
     path = write_csv(repo / "inbox" / "extra_ok.csv", f"user_id,item_id,timestamp,session\nz1,i1,{T0},s\n")
-    assert ingest_one(repo, path, config(extra_columns="drop")).status == "ingested"
+    summary = ingest_one(repo, path, config(extra_columns="drop"))
+    assert summary.status == "ingested"
+    part = pq.read_table(repo / "data" / "interactions" / summary.part_file).to_pandas()
+    assert "session" not in part.columns and list(part["user_id"]) == ["z1"]  # the row landed, without it
+    assert "session" not in read_store(repo / "data").columns
 
 
 def test_unseen_item_share_bound(repo):
