@@ -27,6 +27,25 @@ def server(tmp_path_factory):
         yield api.removesuffix("/api"), env
 
 
+def scheduled_runs(base: str, deployment_id: str, within_s: float = 120) -> list[dict]:
+    """The deployment's SCHEDULED flow runs, once the server's scheduler has made any (or [] after
+    `within_s`: its loop runs every few seconds for a deployment just created, every minute after)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        runs = get_json(f"{base}/api/flow_runs/filter", {
+            "deployments": {"id": {"any_": [deployment_id]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+        if runs or time.monotonic() > deadline:
+            return runs
+        time.sleep(2)
+
+
+def server_home(env: dict) -> Path:
+    return Path(env["PREFECT_HOME"]).parent
+
+
 def run(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     output = done.stdout + done.stderr
@@ -53,6 +72,12 @@ def test_deploy_manual_run_with_custom_parameters_and_ui_shows_run_and_artifacts
 
     flow_run = get_json(f"{base}/api/flow_runs/{flow_run_id}")
     assert flow_run["state_type"] == "COMPLETED", flow_run["state"]
+    # The server's scheduler puts the nightly deployment's next runs on the calendar (checked after the
+    # worker's one run, so that a 02:00 run can never be the one it takes). With SQLAlchemy 2.1 beside
+    # Prefect 3.8 it failed every cycle ("Can't evaluate bulk DML statement") and no run was ever scheduled.
+    scheduled = scheduled_runs(base, nightly["id"])
+    assert scheduled and all(r["expected_start_time"][11:16] == "02:00" for r in scheduled), (
+        scheduled, (server_home(env) / "server.log").read_text()[-3000:])
     assert flow_run["parameters"]["epochs"] == 2 and flow_run["parameters"]["models"] == ["sasrec"]
     curve = (repo / "plots" / "sasrec.csv").read_text().strip().splitlines()
     assert len(curve) == 3  # header + the two epochs the custom parameter asked for
