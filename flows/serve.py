@@ -9,6 +9,11 @@ Retraining deployments are limited to one run at a time; the DVC workspace lock 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from prefect import serve
 
@@ -56,7 +61,21 @@ def serve_deployments(cron: str) -> None:
         raise ConfigError("flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run "
                           "`prefect server start` in another terminal, then `export "
                           "PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config set PREFECT_API_URL=...`)")
-    serve(*deployments(cron))
+    with private_temp_dir():
+        serve(*deployments(cron))
+
+
+@contextlib.contextmanager
+def private_temp_dir() -> Iterator[Path]:
+    """This process's temporary folders in one of its own, removed on the way out: Prefect's runner makes
+    `<temp>/runner_storage/<uuid>` and left it behind whenever the serve was stopped (Ctrl-C, SIGTERM)."""
+    private = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
+    before, tempfile.tempdir = tempfile.tempdir, str(private)
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = before
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,3 +82,16 @@ def prefect_server(home: Path, keep_pythonpath: bool = True) -> Iterator[tuple[s
         yield api, {**env, "PREFECT_API_URL": api}
     finally:
         stop_tree(proc)
+
+
+def scheduled_runs(base: str, deployment_id: str, within_s: float = 120) -> list[dict]:
+    """The deployment's SCHEDULED flow runs, once the server's scheduler has made any (or [] after
+    `within_s`: its loop runs every few seconds for a deployment just created, every minute after)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        runs = get_json(f"{base}/api/flow_runs/filter", {
+            "deployments": {"id": {"any_": [deployment_id]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+        if runs or time.monotonic() > deadline:
+            return runs
+        time.sleep(2)

@@ -133,3 +133,41 @@ def test_a_user_error_in_a_flow_run_not_started_by_our_command_line_is_one_line_
                              text=True, timeout=300, check=False)
     assert "Traceback" in verbose.stdout + verbose.stderr
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_served_deployments_get_their_nightly_runs_and_a_stop_leaves_no_runner_folder(tmp_path, stop):
+    """README's schedule path on a real server: `python -m flows.serve` registers the four deployments, the
+    server's scheduler puts the nightly one's runs on the calendar at the cron's time, and Ctrl-C (SIGINT) or
+    a supervisor's SIGTERM ends the process without leaving Prefect's runner folder in the temp dir."""
+    import signal
+    import time
+
+    from server_support import get_json, prefect_server, scheduled_runs, stop_tree
+
+    with prefect_server(tmp_path / "server") as (api, env):
+        temp = tmp_path / "temp"
+        temp.mkdir()
+        env = {**env, "TMPDIR": str(temp)}
+        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--cron", "15 4 * * *"], cwd=REPO_ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while len(served := get_json(f"{api}/deployments/filter", {})) < 4:  # registered one by one
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(1)
+            flows = {f["id"]: f["name"] for f in get_json(f"{api}/flows/filter", {})}
+            assert sorted(f"{flows[d['flow_id']]}/{d['name']}" for d in served) == [
+                "ingest/manual", "pipeline/manual", "pipeline/nightly", "retrain/manual"]
+            nightly = get_json(f"{api}/deployments/name/pipeline/nightly")
+            scheduled = scheduled_runs(api.removesuffix("/api"), nightly["id"])
+            assert scheduled and all(r["expected_start_time"][11:16] == "04:15" for r in scheduled), scheduled
+            assert [p.name for p in temp.glob("recsys-serve-*/runner_storage/*")]  # Prefect's runner's folder
+            proc.send_signal(getattr(signal, stop))
+            output, _ = proc.communicate(timeout=120)
+        finally:
+            stop_tree(proc)
+        assert "Traceback" not in output, output
+        assert list(temp.iterdir()) == [], output

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flow_support import REPO_ROOT, make_repo, registry_for
-from server_support import get_json, prefect_server
+from server_support import get_json, prefect_server, scheduled_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -25,21 +25,6 @@ def server(tmp_path_factory):
     """`prefect server start` on a free localhost port with its own PREFECT_HOME; stopped afterwards."""
     with prefect_server(tmp_path_factory.mktemp("prefect-server-home")) as (api, env):
         yield api.removesuffix("/api"), env
-
-
-def scheduled_runs(base: str, deployment_id: str, within_s: float = 120) -> list[dict]:
-    """The deployment's SCHEDULED flow runs, once the server's scheduler has made any (or [] after
-    `within_s`: its loop runs every few seconds for a deployment just created, every minute after)."""
-    import time
-
-    deadline = time.monotonic() + within_s
-    while True:
-        runs = get_json(f"{base}/api/flow_runs/filter", {
-            "deployments": {"id": {"any_": [deployment_id]}},
-            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
-        if runs or time.monotonic() > deadline:
-            return runs
-        time.sleep(2)
 
 
 def server_home(env: dict) -> Path:
