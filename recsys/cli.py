@@ -104,8 +104,9 @@ def data_generate(
 @data_app.command("batch")
 def data_batch(
     index: str = typer.Argument("1", help="batch number (1, 2, …): later batches cover later periods"),
-    out: Optional[str] = typer.Option(None, help="file to write (default: generated-<index>.csv in the "
-                                                 "ingest.inbox of the params file's repository)"),
+    out: Optional[str] = typer.Option(None, help="file to write (default: generated-NNNN.csv, the index "
+                                                 "zero-padded to four digits, in the ingest.inbox of the params "
+                                                 "file's repository)"),
     params: Path = PARAMS,
 ) -> None:
     """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
@@ -225,7 +226,20 @@ def data_import(
     no_titles = pd.DataFrame(columns=["item_id", "title"])
     part = write_store(Generated(frame, titles if titles is not None else no_titles), store)
     dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""
-    typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; run `dvc add {store}` to version them")
+    typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; {dvc_add_hint(Path(store))}")
+
+
+def dvc_add_hint(store: Path) -> str:
+    """How to version a store just written: `dvc add` it from inside the DVC repository that holds it (run
+    from elsewhere, DVC refuses "Cached output(s) outside of DVC project"), or say that none does."""
+    here, absolute = Path.cwd().resolve(), store.resolve()
+    root = next((p for p in (absolute, *absolute.parents) if (p / ".dvc").is_dir()), None)
+    if root is None:
+        return (f"{store} is in no DVC repository (no .dvc/ in it or above it): import into a repository's "
+                "data/ to version it with `dvc add`")
+    if here.is_relative_to(root):
+        return f"run `dvc add {store}` to version them"
+    return f"run `dvc add {absolute.relative_to(root)}` in {root} to version them"
 
 
 @app.command()

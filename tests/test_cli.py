@@ -183,12 +183,18 @@ def test_data_import_without_out_names_the_store_it_wrote_in_its_dvc_hint(monkey
     """No --out: the store is data/ beside the params file, and the hint says `dvc add data` (it said `dvc
     add None`: the option's value, not the folder written)."""
     params = write_params()
+    (tmp_path / ".dvc").mkdir()  # a DVC repository, as a clone is
     source = tmp_path / "events.csv"
     source.write_text("user_id,item_id,timestamp\na,x,1704067210\nb,y,1704067220\n")
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--params", str(params))
     assert code == 0 and (tmp_path / "data").is_dir()
     assert out.rstrip().endswith("; run `dvc add data` to version them")
+    # From outside the repository, `dvc add data` would refuse ("outside of DVC project"): where to run it.
+    monkeypatch.chdir(tmp_path.parent)
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--params", str(params),
+                           "--out", str(tmp_path / "other"))
+    assert code == 0 and out.rstrip().endswith(f"; run `dvc add other` in {tmp_path.resolve()} to version them")
 
 
 def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
@@ -200,7 +206,9 @@ def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
                            str(tmp_path / "store"), "--column", "user_id=uid", "--column", "item_id=sku",
                            "--column", "timestamp=ts")
     assert code == 0 and "wrote 2 interactions" in out
-    assert out.rstrip().endswith(f"; run `dvc add {tmp_path / 'store'}` to version them")  # the folder it wrote
+    store = tmp_path / "store"  # in no DVC repository: no `dvc add` that would fail
+    assert out.rstrip().endswith(f"; {store} is in no DVC repository (no .dvc/ in it or above it): import into "
+                                 "a repository's data/ to version it with `dvc add`")
     stored = read_store(tmp_path / "store")
     assert stored[["user_id", "item_id", "timestamp"]].values.tolist() == [["a", "x", 1704067210],
                                                                            ["b", "y", 1704067220]]
@@ -465,7 +473,8 @@ def test_data_import_and_generate_refuse_to_mix_a_dataset_with_ingested_batches(
     # `data generate` writes the seed too, and refuses the same way (it silently rewrote it under the batch)
     code, _, err = run_cli(monkeypatch, capsys, "data", "generate", "--out", str(tiny_store))
     assert code == 1
-    assert_one_line_error(err, "already holds 1 ingested batch(es)", "--out elsewhere")
+    assert_one_line_error(err, "already holds 1 ingested batch(es)", "into a new clone of the repository",
+                          "never deleted by hand")
     assert seed.read_bytes() == before
 
     batch.unlink()
