@@ -141,7 +141,8 @@ def test_a_user_error_in_a_flow_run_not_started_by_our_command_line_is_one_line_
 def test_served_deployments_get_their_nightly_runs_and_a_stop_leaves_no_runner_folder(tmp_path, stop):
     """README's schedule path on a real server: `python -m flows.serve` registers the four deployments, the
     server's scheduler puts the nightly one's runs on the calendar at the cron's time, and Ctrl-C (SIGINT) or
-    a supervisor's SIGTERM ends the process without leaving Prefect's runner folder in the temp dir."""
+    a supervisor's SIGTERM ends the process without leaving Prefect's runner folder in the temp dir. The stop
+    pauses the deployments (no run waits for a process that is gone); served again, the schedule resumes."""
     import signal
     import time
 
@@ -151,8 +152,12 @@ def test_served_deployments_get_their_nightly_runs_and_a_stop_leaves_no_runner_f
         temp = tmp_path / "temp"
         temp.mkdir()
         env = {**env, "TMPDIR": str(temp)}
-        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--cron", "15 4 * * *"], cwd=REPO_ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def serve() -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "flows.serve", "--cron", "15 4 * * *"], cwd=REPO_ROOT,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        proc = serve()
         try:
             deadline = time.monotonic() + 300
             while len(served := get_json(f"{api}/deployments/filter", {})) < 4:  # registered one by one
@@ -171,3 +176,11 @@ def test_served_deployments_get_their_nightly_runs_and_a_stop_leaves_no_runner_f
             stop_tree(proc)
         assert "Traceback" not in output, output
         assert list(temp.iterdir()) == [], output
+        assert get_json(f"{api}/deployments/name/pipeline/nightly")["paused"] is True, output
+        assert scheduled_runs(api.removesuffix("/api"), nightly["id"], within_s=0) == []
+        proc = serve()
+        try:
+            assert scheduled_runs(api.removesuffix("/api"), nightly["id"]), proc.poll()
+            assert get_json(f"{api}/deployments/name/pipeline/nightly")["paused"] is False
+        finally:
+            stop_tree(proc)
