@@ -61,6 +61,12 @@ def serve_deployments(cron: str) -> None:
         raise ConfigError("flows.serve needs a running Prefect server, and PREFECT_API_URL is not set: run "
                           "`prefect server start` in another terminal, then `export "
                           "PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config set PREFECT_API_URL=...`)")
+    import warnings
+
+    # Prefect 3.8's SIGTERM handler calls the runner's async stop without awaiting it (the shutdown goes on
+    # regardless): not a warning a person stopping the process can act on.
+    warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited",
+                            category=RuntimeWarning)
     with private_temp_dir():
         serve(*deployments(cron))
 
