@@ -74,14 +74,51 @@ def serve_deployments(cron: str) -> None:
 @contextlib.contextmanager
 def private_temp_dir() -> Iterator[Path]:
     """This process's temporary folders in one of its own, removed on the way out: Prefect's runner makes
-    `<temp>/runner_storage/<uuid>` and left it behind whenever the serve was stopped (Ctrl-C, SIGTERM)."""
-    private = Path(tempfile.mkdtemp(prefix="recsys-serve-"))
+    `<temp>/runner_storage/<uuid>` and left it behind whenever the serve was stopped (Ctrl-C, SIGTERM). A
+    SIGTERM before the runner takes the signal over (while the deployments register) ends the process
+    through here too; a folder a killed process (SIGKILL, the OOM killer) left is removed by the next serve."""
+    import os
+    import signal
+    import threading
+
+    remove_orphans(Path(tempfile.gettempdir()))
+    private = Path(tempfile.mkdtemp(prefix=f"{SERVE_TEMP_PREFIX}{os.getpid()}-"))
     before, tempfile.tempdir = tempfile.tempdir, str(private)
+    main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
         yield private
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, handler)
         tempfile.tempdir = before
         shutil.rmtree(private, ignore_errors=True)
+
+
+SERVE_TEMP_PREFIX = "recsys-serve-"
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def remove_orphans(temp: Path) -> list[Path]:
+    """Remove the private temp folders (`recsys-serve-<pid>-…`) of serve processes that are gone."""
+    import os
+
+    removed = []
+    for folder in temp.glob(f"{SERVE_TEMP_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SERVE_TEMP_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # (PermissionError: alive, another user's)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except (PermissionError, OverflowError):
+            continue
+    return removed
 
 
 def main(argv: list[str] | None = None) -> None:

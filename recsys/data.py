@@ -355,9 +355,9 @@ def check_no_batches(store: str | Path) -> None:
     if batches:
         raise DataError(f"{store} already holds {len(batches)} ingested batch(es) ({', '.join(batches[:3])}"
                         f"{'…' if len(batches) > 3 else ''}); a new seed under them would mix two datasets. "
-                        "Import into a new clone of the repository before `recsys bootstrap` or `dvc pull` "
-                        "(its data/ is empty), or into an empty folder with --out; ingested batches are never "
-                        "deleted by hand (README, Guarantees).")
+                        "Write it into an empty folder with --out (a new dataset wants a repository of its "
+                        "own: this one's ingest history would count its batches as ingested); ingested batches "
+                        "are never deleted by hand (README, Guarantees).")
 
 
 def write_store(generated: Generated, store: str | Path) -> Path:

@@ -197,6 +197,29 @@ def test_data_import_without_out_names_the_store_it_wrote_in_its_dvc_hint(monkey
     assert code == 0 and out.rstrip().endswith(f"; run `dvc add other` in {tmp_path.resolve()} to version them")
 
 
+def test_the_dvc_hint_is_a_command_that_runs_where_it_says(monkeypatch, tmp_path):
+    """The repository's root is no store `dvc add` takes; a path with a space is quoted; a removed current
+    folder is outside any repository (the import has written its store: no traceback after it); a link into
+    the repository is named as DVC takes it, not followed elsewhere."""
+    from recsys.cli import dvc_add_hint
+
+    repo = tmp_path / "my repo"
+    (repo / ".dvc").mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    assert dvc_add_hint(Path(".")) == (". is a DVC repository's root, which `dvc add` cannot version: import "
+                                       "into its data/")
+    assert dvc_add_hint(Path("my data")) == "run `dvc add 'my data'` to version them"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert dvc_add_hint(repo / "data") == f"run `dvc add data` in '{repo}' to version them"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "linked").symlink_to(outside)
+    assert dvc_add_hint(repo / "linked") == f"run `dvc add linked` in '{repo}' to version them"
+
+
 def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
     from recsys.store import read_store
 
@@ -473,7 +496,7 @@ def test_data_import_and_generate_refuse_to_mix_a_dataset_with_ingested_batches(
     # `data generate` writes the seed too, and refuses the same way (it silently rewrote it under the batch)
     code, _, err = run_cli(monkeypatch, capsys, "data", "generate", "--out", str(tiny_store))
     assert code == 1
-    assert_one_line_error(err, "already holds 1 ingested batch(es)", "into a new clone of the repository",
+    assert_one_line_error(err, "already holds 1 ingested batch(es)", "into an empty folder with --out",
                           "never deleted by hand")
     assert seed.read_bytes() == before
 

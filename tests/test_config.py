@@ -192,11 +192,11 @@ def test_the_edges_of_each_model_and_train_range_are_accepted(raw):
 
 
 def assert_reads_back(params, raw: dict) -> None:
-    """Every value of `raw` is what the parsed params hold (accepted, not dropped, clamped or defaulted):
-    sequences compare as tuples, the form the frozen config keeps them in."""
+    """Every value of `raw` is what the parsed params hold (accepted, not dropped, clamped or defaulted), of
+    the same type: sequences compare as tuples, the form the frozen config keeps them in."""
     def same(got, want, where):
         want = tuple(want) if isinstance(want, list) else want
-        assert got == want and type(got) is type(want) or isinstance(want, int) and got == float(want), where
+        assert got == want and type(got) is type(want), (where, got)
 
     for section, values in raw.items():
         for key, value in values.items():

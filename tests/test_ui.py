@@ -57,9 +57,9 @@ def test_deploy_manual_run_with_custom_parameters_and_ui_shows_run_and_artifacts
 
     flow_run = get_json(f"{base}/api/flow_runs/{flow_run_id}")
     assert flow_run["state_type"] == "COMPLETED", flow_run["state"]
-    # The server's scheduler puts the nightly deployment's next runs on the calendar (checked after the
-    # worker's one run, so that a 02:00 run can never be the one it takes). With SQLAlchemy 2.1 beside
-    # Prefect 3.8 it failed every cycle ("Can't evaluate bulk DML statement") and no run was ever scheduled.
+    # The server's scheduler puts the nightly deployment's next runs on the calendar. With SQLAlchemy 2.1
+    # beside Prefect 3.8 it failed every cycle ("Can't evaluate bulk DML statement") and no run was ever
+    # scheduled.
     scheduled = scheduled_runs(base, nightly["id"])
     assert scheduled and all(r["expected_start_time"][11:16] == "02:00" for r in scheduled), (
         scheduled, (server_home(env) / "server.log").read_text()[-3000:])
