@@ -542,6 +542,7 @@ def test_a_row_of_a_new_setting_cannot_join_rows_stored_before_the_key_existed(t
     assert [r["seed"] for r in merge([plain], path)] == [42, 45]
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_run_its_results_file_would_refuse_is_refused_before_it_trains(tmp_path):
     """The refusal above, hours sooner: bench_models checks every run and seed it is asked for against the
     rows of its --results file before it prepares the data, and stops with the same sentence."""
@@ -894,6 +895,7 @@ def test_a_benchmark_refuses_a_bad_value_in_one_line_before_any_work(refused, co
     assert after == before
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_the_script_runner_gives_each_command_its_own_process_code_and_output():
     """tests/script_runner.py stands in for `python benchmarks/<script>` in the refusal test above: the same
     exit codes and stderr as a real interpreter start, and a command's changes stay in its own process."""

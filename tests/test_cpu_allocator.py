@@ -70,6 +70,7 @@ def probe(mode: str, *train_args: str) -> tuple[dict, str]:
     return json.loads(done.stdout), done.stderr
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_retain_keeps_a_freed_step_tensor_in_the_process():
     kept, log = probe("retain")
     assert kept["applied"] is True
@@ -78,6 +79,7 @@ def test_retain_keeps_a_freed_step_tensor_in_the_process():
     assert "train.cpu_allocator=retain" in log and "set it to system" in log
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_system_leaves_the_c_library_alone():
     system, log = probe("system")
     assert system["applied"] is False
@@ -95,6 +97,7 @@ def test_params_yaml_retains_by_default(repo_root):
 
 
 @pytest.mark.parametrize("mode", ["retain", "system"])
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_the_trainer_sets_it_on_a_cpu(mode, tiny_prepared_dir, tmp_path):
     state, log = probe(mode, str(tiny_prepared_dir), str(tmp_path / "model"))
     assert state["applied"] is (mode == "retain")
@@ -103,6 +106,7 @@ def test_the_trainer_sets_it_on_a_cpu(mode, tiny_prepared_dir, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["retain", "system"])
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_the_evaluate_stage_sets_it_on_a_cpu(mode, tiny_prepared, write_params, tmp_path):
     """The test pass's scoring batches allocate like validation's: the stage takes the model's setting."""
     from recsys import train

@@ -80,6 +80,7 @@ def _one_error_line(failed) -> str:
     return failed.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepared, write_params, tmp_path):
     """A setting whose first step asks the allocator for more than the machine has (10^11 shared negatives:
     800 GB of ids) — a real allocation failure, not a mock."""
@@ -99,6 +100,7 @@ def test_a_training_step_out_of_memory_stops_the_stage_with_one_line(tiny_prepar
         assert last.startswith("error: train.device is 'cuda' but torch "), last
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_model_too_large_to_train_is_refused_before_it_is_allocated(tiny_prepared, write_params, tmp_path):
     """Its parameters alone, with gradients and Adam's moments, exceed the machine's memory: the stage stops
     with one line naming the sizes (counted on the meta device, so nothing is allocated or killed)."""

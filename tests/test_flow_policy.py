@@ -183,6 +183,7 @@ def test_bootstrap_refuses_a_root_that_is_not_a_repository_and_creates_nothing(t
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_bootstrap_refuses_a_folder_that_is_no_dvc_repository_before_writing_its_store(tmp_path):
     """A params.yaml without `dvc init`: it wrote data/ and .ingest/, then failed at `dvc add data` ("not
     inside of a DVC repository"), and every rerun the same way. A present store needs no DVC (as for

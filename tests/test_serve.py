@@ -84,6 +84,7 @@ def a_repository(root: Path) -> Path:
 
 @pytest.mark.parametrize("module", ["serve", "retrain", pytest.param("pipeline", marks=pytest.mark.slow),
                                     pytest.param("ingest", marks=pytest.mark.slow)])
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
     """PREFECT_API_URL names a port nothing listens on: one line naming the address, exit 1, no traceback —
     from every flow's command line, before it writes into the repository (the last two share retrain's
@@ -108,6 +109,7 @@ def test_a_server_that_is_not_there_is_one_line(tmp_path, module):
 
 
 @pytest.mark.parametrize("module", ["serve", "retrain"])
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_url_that_reaches_a_server_but_not_its_api_is_one_line_saying_so(tmp_path, module):
     """PREFECT_API_URL without its /api (`http://127.0.0.1:4200`, the UI's address): a server answers 404 to
     every API call; it was a 21-frame traceback (serve) or "RuntimeError: Failed to reach API" (the flows)."""

@@ -1085,6 +1085,7 @@ def test_a_curve_write_that_fails_leaves_the_old_curve_and_no_temp_file(tmp_path
     assert sorted(p.name for p in curve.parent.iterdir()) == ["sasrec.csv"]
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_stage_interrupted_mid_training_says_so_in_one_line_and_resumes(tiny_prepared, write_params, tmp_path):
     """SIGINT to the train stage (a Ctrl-C, or `run_dvc` stopping the stages of an interrupted run): it
     printed a 60-line KeyboardInterrupt traceback into `dvc repro`'s output; now one line, the process ends by

@@ -162,6 +162,7 @@ def test_missing_suite_file_is_a_setup_error(tmp_path):
         validation.load_suite_json("interactions_batch", tmp_path)
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_a_validation_logs_nothing_at_info_about_folders_it_never_uses():
     """A flow's console shows INFO: GX's "Created temporary directory ... for ephemeral docs site" (a folder
     this system never builds) is not among its lines. In a fresh process: the context is made once per process."""

@@ -76,6 +76,7 @@ def test_data_canonical_is_the_same_function():
         data.canonical(frame.assign(timestamp=["yesterday"]))
 
 
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_float_ids_and_missing_event_through_the_ingest_path(tmp_path):
     repo = make_repo(tmp_path / "repo")
     path = float_id_parquet(repo / "inbox" / "batch.parquet")

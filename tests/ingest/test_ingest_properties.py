@@ -44,6 +44,7 @@ def canonical_set(frame):
 
 @settings(max_examples=200, deadline=None)
 @given(rows, st.randoms(use_true_random=False))
+@pytest.mark.slow  # over 2 s on an idle 2-core box (a process start): with the slow tests
 def test_dedup_within_does_not_depend_on_row_order(data, rnd):
     frame = frame_of(data).dropna(subset=["user_id"]).reset_index(drop=True)
     frame["rating"] = frame["rating"].astype("float32")
