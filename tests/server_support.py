@@ -62,8 +62,11 @@ def prefect_server(home: Path, keep_pythonpath: bool = True) -> Iterator[tuple[s
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
+    # The temp folders of the server, the CLI and a worker (Prefect's runner_storage) stay in the test's
+    # folder, not /tmp.
+    (home / "tmp").mkdir(exist_ok=True)
     env = {**subprocess_env(home / "prefect-home"), "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_UI_API_URL": api}
+           "PREFECT_UI_API_URL": api, "TMPDIR": str(home / "tmp")}
     if not keep_pythonpath:
         env.pop("PYTHONPATH", None)
     with (home / "server.log").open("w") as log:
