@@ -102,23 +102,14 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def remove_orphans(temp: Path) -> list[Path]:
+def remove_orphans(temp: Path) -> None:
     """Remove the private temp folders (`recsys-serve-<pid>-…`) of serve processes that are gone."""
-    import os
+    from recsys.atomic import process_running
 
-    removed = []
     for folder in temp.glob(f"{SERVE_TEMP_PREFIX}*-*"):
         pid = folder.name.removeprefix(SERVE_TEMP_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or not folder.is_dir() or folder.is_symlink():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # (PermissionError: alive, another user's)
+        if pid.isdigit() and folder.is_dir() and not folder.is_symlink() and not process_running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-        except (PermissionError, OverflowError):
-            continue
-    return removed
 
 
 def main(argv: list[str] | None = None) -> None:

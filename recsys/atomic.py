@@ -71,7 +71,7 @@ def _remove_orphans(tmp_dir: Path) -> None:
         if not pid.isdigit():
             continue
         if rest.rpartition(".")[2] == HOST:
-            gone = not _running(int(pid))
+            gone = not process_running(int(pid))
         else:
             try:
                 gone = now - leftover.stat().st_mtime > FOREIGN_STALE_SECONDS
@@ -81,12 +81,14 @@ def _remove_orphans(tmp_dir: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """A process with this id runs on this machine (another user's counts; an id beyond the kernel's type
+    cannot be checked and counts as running, so whatever it names is kept)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except (PermissionError, OverflowError):  # another user's process; an id no process can have been given
         return True
     return True
 

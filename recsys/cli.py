@@ -200,6 +200,7 @@ def data_import(
     listed twice is kept once."""
     from recsys.data import (DataError, Generated, check_no_batches, check_seed, read_movielens_1m,
                              read_movielens_100k, read_movielens_titles, read_table, write_store)
+    from recsys.ingest.dvc import dvc_add_hint
 
     if source not in SOURCES:  # a command line that does not parse: before anything is read
         raise typer.BadParameter(f"{source!r} is not one of {' | '.join(SOURCES)}", param_hint="'SOURCE'")
@@ -227,30 +228,6 @@ def data_import(
     part = write_store(Generated(frame, titles if titles is not None else no_titles), store)
     dropped = f" ({duplicates} repeated events kept once)" if duplicates else ""
     typer.echo(f"wrote {len(frame)} interactions{dropped} to {part}; {dvc_add_hint(Path(store))}")
-
-
-def dvc_add_hint(store: Path) -> str:
-    """How to version a store just written: `dvc add` it from inside the DVC repository that holds it (run
-    from elsewhere, DVC refuses "Cached output(s) outside of DVC project"), or say that none does. Paths as
-    DVC takes them (absolute, links not followed) and quoted for a shell."""
-    import os
-    import shlex
-
-    absolute = Path(os.path.abspath(store))
-    root = next((p for p in (absolute, *absolute.parents) if (p / ".dvc").is_dir()), None)
-    if root is None:
-        return (f"{store} is in no DVC repository (no .dvc/ in it or above it): import into a repository's "
-                "data/ to version it with `dvc add`")
-    if absolute == root:
-        return f"{store} is a DVC repository's root, which `dvc add` cannot version: import into its data/"
-    try:
-        inside = Path(os.path.abspath(Path.cwd())).is_relative_to(root)
-    except OSError:  # the current folder was removed: outside any repository
-        inside = False
-    if inside:
-        return f"run `dvc add {shlex.quote(str(store))}` to version them"
-    relative = shlex.quote(str(absolute.relative_to(root)))
-    return f"run `dvc add {relative}` in {shlex.quote(str(root))} to version them"
 
 
 @app.command()

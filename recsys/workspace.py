@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import yaml
 
-from recsys.atomic import write_text_atomic
+from recsys.atomic import process_running, write_text_atomic
 from recsys.layout import DATA_DVC, STATE, Layout
 
 if TYPE_CHECKING:
@@ -428,13 +428,7 @@ def _held_by_ancestor(state: Path) -> bool:
     pid, _, where = os.environ.get(LOCK_HOLDER_ENV, "").partition(":")
     if not pid.isdigit() or int(pid) == os.getpid() or where != str(state):
         return False
-    try:
-        os.kill(int(pid), 0)  # the holder is still alive (a dead one has released its flock)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_running(int(pid))  # the holder is still alive (a dead one has released its flock)
 
 
 def data_version(root: Path, dvc_file: str = DATA_DVC) -> str | None:

@@ -201,7 +201,7 @@ def test_the_dvc_hint_is_a_command_that_runs_where_it_says(monkeypatch, tmp_path
     """The repository's root is no store `dvc add` takes; a path with a space is quoted; a removed current
     folder is outside any repository (the import has written its store: no traceback after it); a link into
     the repository is named as DVC takes it, not followed elsewhere."""
-    from recsys.cli import dvc_add_hint
+    from recsys.ingest.dvc import dvc_add_hint
 
     repo = tmp_path / "my repo"
     (repo / ".dvc").mkdir(parents=True)

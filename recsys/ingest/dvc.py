@@ -1,4 +1,5 @@
-"""The DVC steps of a commit: `dvc add` of the store (the new data version) and `dvc push`."""
+"""The DVC steps of a commit: `dvc add` of the store (the new data version) and `dvc push`; and the
+`dvc add` a person runs after writing a seed store by hand (`recsys data import`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,30 @@ from recsys.ingest.layout import Paths
 def dvc_enabled(root: Path) -> bool:
     """DVC steps run when the repository has been `dvc init`-ed; unit tests without DVC skip them."""
     return (root / ".dvc").is_dir()
+
+
+def dvc_add_hint(store: Path) -> str:
+    """How to version a store just written: `dvc add` it from inside the DVC repository that holds it (run
+    from elsewhere, DVC refuses "Cached output(s) outside of DVC project"), or say that none does. Paths as
+    DVC takes them (absolute, links not followed) and quoted for a shell."""
+    import os
+    import shlex
+
+    absolute = Path(os.path.abspath(store))
+    root = next((p for p in (absolute, *absolute.parents) if dvc_enabled(p)), None)
+    if root is None:
+        return (f"{store} is in no DVC repository (no .dvc/ in it or above it): import into a repository's "
+                "data/ to version it with `dvc add`")
+    if absolute == root:
+        return f"{store} is a DVC repository's root, which `dvc add` cannot version: import into its data/"
+    try:
+        inside = Path(os.path.abspath(Path.cwd())).is_relative_to(root)
+    except OSError:  # the current folder was removed: outside any repository
+        inside = False
+    if inside:
+        return f"run `dvc add {shlex.quote(str(store))}` to version them"
+    relative = shlex.quote(str(absolute.relative_to(root)))
+    return f"run `dvc add {relative}` in {shlex.quote(str(root))} to version them"
 
 
 def data_version(paths: Paths) -> str | None:
