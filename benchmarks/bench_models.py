@@ -214,9 +214,11 @@ def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None
     """A finished row in a kept work dir is reused only when each part of `now` equals the row's; anything else
     stops with one sentence naming the differing keys (never a silent mix of two configurations in one table)."""
     for part, value in now.items():
-        if row.get(part) == value:
-            continue
         stored = row.get(part)
+        if part == "train" and isinstance(stored, dict):
+            stored = {**TRAIN_BEFORE_THE_KEY, **stored}  # a key added since the row trained, at its old behaviour
+        if stored == value:
+            continue
         if isinstance(value, dict) and isinstance(stored, dict):
             diff = described(differing(stored, value, value))
         else:
@@ -337,7 +339,8 @@ _RERUN_FREE = frozenset({"max_minutes", "device", "progress", "eval_batch_size",
 # Train settings added after rows were stored, with the value that trains as before they existed: a stored
 # row without the key is read at that value, so that a row of a new setting cannot join the old rows of its
 # string unnoticed (the check below compares the keys both rows record). Add each new train key here.
-_BEFORE_THE_KEY = {"ema_warmup": False, "precision": "auto"}  # auto: what ran before the key, on either device
+TRAIN_BEFORE_THE_KEY = {"ema_warmup": False, "precision": "auto",  # auto: what ran before the key, either device
+                        "warm_patience": 0}
 
 
 def precision_ran(row: dict) -> str:
@@ -348,7 +351,7 @@ def precision_ran(row: dict) -> str:
     if row.get("precision") in ("bf16", "fp32"):
         return row["precision"]
     train = row.get("train") or {}
-    setting = train.get("precision", _BEFORE_THE_KEY["precision"])
+    setting = train.get("precision", TRAIN_BEFORE_THE_KEY["precision"])
     if setting != "auto":
         return setting
     device = train.get("device", "auto")
@@ -365,7 +368,7 @@ def changed_settings(stored: dict, new: dict) -> list[tuple[str, object, object]
     for part in ("config", "train"):
         old, now = stored.get(part) or {}, new.get(part) or {}
         if part == "train":
-            old = {**_BEFORE_THE_KEY, **old, "precision": precision_ran(stored)}
+            old = {**TRAIN_BEFORE_THE_KEY, **old, "precision": precision_ran(stored)}
             now = {**now, "precision": precision_ran(new)} if "precision" in now else now
         free = _RERUN_FREE if part == "train" else frozenset()
         out += differing(old, now, sorted((old.keys() & now.keys()) - free))

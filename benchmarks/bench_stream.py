@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_models import (  # noqa: E402
-    DEVICES, READERS, as_json, configs_for, git_commit, machine, refuse_other_settings,
+    DEVICES, READERS, TRAIN_BEFORE_THE_KEY, as_json, configs_for, git_commit, machine, refuse_other_settings,
     safe_name, work_area, zero_or)
 from results_md import claimed, mean_sd, save_figure, update_sections  # noqa: E402
 
@@ -242,7 +242,8 @@ def _train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Pat
 
 # TrainConfig fields only a warm start reads: runs that differ in these alone train the same cold model, so
 # the stream trains it once per step (`--models sasrec 'sasrec@warm_keep=0.7'` costs one cold line).
-WARM_ONLY_FIELDS = ("warm_cold_every", "warm_max_catalogue_growth", "warm_min_epochs", "warm_keep")
+WARM_ONLY_FIELDS = ("warm_cold_every", "warm_max_catalogue_growth", "warm_min_epochs", "warm_keep",
+                    "warm_patience")
 
 
 def cold_key(run: str, params) -> str:
@@ -339,8 +340,9 @@ def write_record(record: dict, out: Path) -> list[dict]:
 
 def over_seeds(records: list[dict]) -> list[dict]:
     """Per stream setting and run with complete records for two or more seeds: the per-seed means of the
-    warm/cold ratios, and their mean ± sd over the seeds."""
-    groups: dict[tuple, list[tuple[int, dict]]] = {}
+    warm/cold ratios, and their mean ± sd over the seeds. A seed counts once: where two records hold the same
+    run at one seed (a command that read its rows back beside a new run), the later one."""
+    groups: dict[tuple, dict[int | None, dict]] = {}
     for rec in records:
         if not rec.get("complete"):
             continue
@@ -351,14 +353,14 @@ def over_seeds(records: list[dict]) -> list[dict]:
             if warm is None:
                 continue
             # The settings the name stood for then: "sasrec" is params.yaml's SASRec, which changes over time.
-            trained = json.dumps([warm["config"], {k: v for k, v in warm["train"].items() if k != "seed"}],
-                                 sort_keys=True)
-            groups.setdefault((*setting, run, trained), []).append((record_seed(rec), summary))
+            train = {**TRAIN_BEFORE_THE_KEY, **warm["train"]}  # a key added since, at its old behaviour
+            trained = json.dumps([warm["config"], {k: v for k, v in train.items() if k != "seed"}], sort_keys=True)
+            groups.setdefault((*setting, run, trained), {})[record_seed(rec)] = summary
     out = []
-    for (dataset, batches, _, device, _, run, _), seeded in groups.items():
-        if len(seeded) < 2:
+    for (dataset, batches, _, device, _, run, _), by_seed in groups.items():
+        if len(by_seed) < 2:
             continue
-        seeded.sort(key=lambda pair: pair[0] if pair[0] is not None else -1)
+        seeded = sorted(by_seed.items(), key=lambda pair: pair[0] if pair[0] is not None else -1)
 
         def spread(field: str) -> list[float] | None:
             values = [summary.get(field) for _, summary in seeded]

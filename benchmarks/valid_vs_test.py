@@ -42,7 +42,7 @@ EXECUTION = {"t.micro_batches", "t.cuda_graph"}
 # A key a row lacks = the feature did not exist when it trained; the code then behaved as this value.
 BEFORE_THE_KEY = {
     "t.cuda_graph": False, "t.ema": 0.0, "t.ema_warmup": False, "t.lr_schedule": "constant", "t.lr_final": 0.0,
-    "t.warm_keep": 1.0, "t.warm_min_epochs": 0, "t.init": "cold", "t.warm_cold_every": 5,
+    "t.warm_keep": 1.0, "t.warm_min_epochs": 0, "t.warm_patience": 0, "t.init": "cold", "t.warm_cold_every": 5,
     "t.warm_max_catalogue_growth": 0.2, "t.lr_decay": 1.0, "t.lr_decay_patience": 5, "t.lr_scaling": "none",
     "t.lr_reference_batch": 128, "t.warmup_steps": 0,
     "t.precision": "auto",        # what ran before the key: bf16 autocast on CUDA, float32 on a CPU

@@ -296,6 +296,10 @@ class TrainConfig:
     # A warm start's epoch floor: `min_epochs` is for cold starts (a slow start from random weights is not a
     # plateau); a warm start begins near its optimum and the cold floor would make it as long as a cold run.
     warm_min_epochs: int = 0
+    # A warm start's patience (0 = `patience`): a model whose cold run climbs after long plateaus (BERT4Rec,
+    # patience 80) reaches a warm start's best within a few dozen epochs, and waiting the cold patience out
+    # after it only adds time.
+    warm_patience: int = 0
     # Share of the champion's weights a warm start keeps: every carried-over tensor becomes
     # warm_keep × champion + (1 − warm_keep) × this run's fresh initialisation ("shrink and perturb", Ash &
     # Adams 2020, with the perturbation drawn from the model's own initialiser). 1 = the champion as it is.
@@ -362,6 +366,8 @@ class TrainConfig:
         check_sizes(self, "lr_decay_patience", "batch_size", "lr_reference_batch", section="train")
         for name in ("warmup_steps", "min_epochs", "warm_min_epochs", "micro_batches", "eval_batch_size"):
             require(getattr(self, name) >= 0, name, getattr(self, name), ">= 0", "train")
+        require(0 <= self.warm_patience <= MAX_EPOCHS, "warm_patience", self.warm_patience,
+                f"from 0 to {MAX_EPOCHS:,} (whole epochs; 0 = patience)", "train")
         require(self.warm_cold_every >= 0, "warm_cold_every", self.warm_cold_every,
                 ">= 0 (0 = never forced cold)", "train")
         growth = self.warm_max_catalogue_growth

@@ -226,18 +226,20 @@ def train_model(
     state = {"epoch": 0, "best": -math.inf, "best_epoch": 0, "best_valid": {}, "bad_epochs": 0,
              "curve": [], "seconds": 0.0, "seconds_to_best": 0.0, "sequences": 0, "since_decay": 0, "steps": 0,
              "lr": lr, "cpu_seconds": 0.0, "cpu_seconds_to_best": 0.0}
-    floor = cfg.warm_min_epochs if (init or {}).get("mode") == "warm" else cfg.min_epochs  # early stopping's
+    warm = (init or {}).get("mode") == "warm"
+    floor = cfg.warm_min_epochs if warm else cfg.min_epochs  # early stopping's
+    patience = (cfg.warm_patience or cfg.patience) if warm else cfg.patience
     if adopt_from:
-        if world.is_main and (adopted := resume.adopt(adopt_from, cfg.patience, floor, VALID_COLUMN)):
+        if world.is_main and (adopted := resume.adopt(adopt_from, patience, floor, VALID_COLUMN)):
             log.info("model=%s starts from the kept final state in %s (the same run under other "
                      "early-stopping settings)", model_name, adopted)
         world.barrier()  # every rank reads the state rank 0 may have copied in
     saved = resume.peek()
-    stop_at = early_stop_epoch(saved["curve"], cfg.patience, floor, VALID_COLUMN) if saved else None
+    stop_at = early_stop_epoch(saved["curve"], patience, floor, VALID_COLUMN) if saved else None
     if saved and stop_at is not None and stop_at < saved["epoch"]:
         # Saved under a larger patience or floor, it trained on past where this run stops: not this run's.
         log.info("model=%s: the saved state (epoch %d) went past epoch %d, where patience=%d, min_epochs=%d "
-                 "stop this run; training from the start", model_name, saved["epoch"], stop_at, cfg.patience,
+                 "stop this run; training from the start", model_name, saved["epoch"], stop_at, patience,
                  floor)
         saved = None
     restored = resume.load(model, optimizer, generator, device, average) if saved else None
@@ -256,7 +258,7 @@ def train_model(
         elif state.get("stopped_by") == "early_stopping" and stop_at is None:
             del state["stopped_by"]  # a kept final state, and a larger patience or floor: train on, as above
             log.info("model=%s was stopped early at epoch %d; going on under patience=%d, min_epochs=%d",
-                     model_name, state["epoch"], cfg.patience, floor)
+                     model_name, state["epoch"], patience, floor)
     loss_fn = world.loss_fn(model, device)
     terms = model.loss_terms(tensors.lengths)  # per span: the weights of a step's micro-batches
     positions = model.loss_positions(tensors.lengths) if fixed is not None else None  # their bound
@@ -366,7 +368,7 @@ def train_model(
         fault_point("after_epoch_saved")
         if on_epoch is not None:
             on_epoch(epoch, row)
-        if stops(state["bad_epochs"], epoch, cfg.patience, floor):
+        if stops(state["bad_epochs"], epoch, patience, floor):
             stopped_by = "early_stopping"
             break
     seconds = time.perf_counter() - started + time_offset

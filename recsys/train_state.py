@@ -61,7 +61,7 @@ BUDGET_FIELDS = ("max_minutes", "progress")
 # Early stopping's settings only decide where the same epochs end: a state saved under a smaller patience or
 # epoch floor is the start of this run's (`early_stop_epoch` checks it from the state's curve), so a run
 # early stopping ended goes on under a larger patience from its kept final state instead of from epoch 1.
-STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs")
+STOPPING_FIELDS = ("patience", "min_epochs", "warm_min_epochs", "warm_patience")
 
 
 # Model settings added after states were saved, at the value that trains what ran before them: left out of

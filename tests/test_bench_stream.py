@@ -80,6 +80,7 @@ def test_runs_that_differ_only_in_warm_settings_share_their_cold_training():
     key = bench_stream.cold_key
     assert key("sasrec", params) == key("sasrec@warm_keep=0.7,warm_min_epochs=5", params)
     assert key("sasrec", params) == key("sasrec@warm_cold_every=2,warm_max_catalogue_growth=0.5", params)
+    assert key("bert4rec", params) == key("bert4rec@warm_patience=3", params)
     for other in ("sasrec@min_epochs=3", "sasrec@dropout=0.3", "sasrec:bce", "bert4rec"):
         assert key("sasrec", params) != key(other, params), other
 
@@ -200,6 +201,14 @@ def test_streams_of_other_seeds_are_kept_side_by_side_and_averaged_over_seeds(tm
     assert group["mean_ndcg_ratio"] == [1.0, 0.98] and group["mean_time_to_best_ratio"] == [0.2, 0.2]
     table = bench_stream.render_table(kept)
     assert "| ml-100k | cpu | sasrec | 1 | 42, 43 | 0.9900 ± 0.0141 (1.0000, 0.9800) |" in table
+    # A later command that read seed 43's rows back beside a new run: seed 43 still counts once; a row stored
+    # since a train key was added, at the value that trains as before, groups with the older rows.
+    again = _record(43, ("sasrec", "sasrec@warm_keep=0.5"), 0.98)
+    newer = _record(44, ("sasrec",), 0.94)
+    for row in newer["rows"]:
+        row["train"]["warm_patience"] = 0
+    (group,) = bench_stream.over_seeds([*kept, again, newer])
+    assert group["seeds"] == [42, 43, 44] and group["mean_ndcg_ratio"] == [1.0, 0.98, 0.94]
     assert table.rstrip().endswith("| met |")
     # One picture per record: streams of other models on the same seed do not overwrite each other's.
     names = {bench_stream.plot_path(r, tmp_path).name for r in kept}

@@ -487,6 +487,12 @@ def test_a_finished_row_is_reused_only_for_the_same_dataset_and_settings(tmp_pat
         check_finished(row, path, run, "ml-1m-half", params, 0.0, "cpu", 1)
     with pytest.raises(SystemExit, match=r"max_minutes=0.0 \(now 5.0\)"):
         check_finished(row, path, run, "ml-100k", params, 5.0, "cpu", 1)
+    # A row stored before a train key existed reads it at the value that trained as before; any other value
+    # of the key is another setting.
+    older = {**row, "train": {k: v for k, v in row["train"].items() if k != "warm_patience"}}
+    check_finished(older, path, run, "ml-100k", params, 0.0, "cpu", 1)
+    with pytest.raises(SystemExit, match=r"warm_patience=0 \(now 5\)"):
+        check_finished(older, path, f"{run},warm_patience=5", "ml-100k", params, 0.0, "cpu", 1)
 
 
 def test_a_row_never_replaces_one_of_its_key_that_trained_other_settings(tmp_path):

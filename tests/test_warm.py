@@ -593,7 +593,27 @@ def test_a_warm_start_stops_by_its_own_epoch_floor_not_the_cold_one(tiny_prepare
     assert (cold.epochs_run, cold.stopped_by) == (8, "early_stopping")  # a cold start keeps min_epochs
 
 
-@pytest.mark.parametrize("bad", [{"warm_keep": 0.0}, {"warm_keep": 1.5}, {"warm_min_epochs": -1}])
+def test_a_warm_start_stops_by_its_own_patience_and_a_larger_one_goes_on_from_its_kept_state(
+        tiny_prepared, tiny_sasrec_config, fast_train_config, champion_source, tmp_path):
+    # lr = 0: validation never improves after epoch 1, so a patience of p stops after epoch p + 1.
+    base = dataclasses.replace(fast_train_config, epochs=20, patience=6, lr=0.0, init="warm")
+    as_cold = run(tiny_prepared, tiny_sasrec_config, base, tmp_path / "a", champion_source)  # 0 = patience
+    assert (as_cold.best_epoch, as_cold.epochs_run, as_cold.stopped_by) == (1, 7, "early_stopping")
+    short = dataclasses.replace(base, warm_patience=2)
+    warm = run(tiny_prepared, tiny_sasrec_config, short, tmp_path / "b", champion_source, keep_final_state=True)
+    assert (warm.best_epoch, warm.epochs_run, warm.stopped_by) == (1, 3, "early_stopping")
+    cold = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(short, init="cold"), tmp_path / "c", None)
+    assert (cold.epochs_run, cold.stopped_by) == (7, "early_stopping")  # a cold start keeps `patience`
+    # Early stopping's settings are not the run's identity: under a larger warm patience the same run trains
+    # on from the state it kept at epoch 3, epochs 4 and 5 only.
+    seen = []
+    longer = run(tiny_prepared, tiny_sasrec_config, dataclasses.replace(short, warm_patience=4),
+                 tmp_path / "b", champion_source, keep_final_state=True, on_epoch=lambda epoch, row: seen.append(epoch))
+    assert (seen, longer.epochs_run, longer.best_epoch, longer.stopped_by) == ([4, 5], 5, 1, "early_stopping")
+
+
+@pytest.mark.parametrize("bad", [{"warm_keep": 0.0}, {"warm_keep": 1.5}, {"warm_min_epochs": -1},
+                                 {"warm_patience": -1}, {"warm_patience": 10**7}])
 def test_warm_settings_are_validated(bad):
     with pytest.raises(ValueError, match="train.warm_"):
         TrainConfig(**bad)
