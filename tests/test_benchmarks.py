@@ -79,7 +79,7 @@ def test_bert4recs_best_measured_run_is_what_params_yaml_trains():
         best = max(kept, key=lambda epoch: epoch["valid_ndcg@10"])  # the first of equal scores, as the trainer
         assert best["epoch"] == row["best_epoch"], (row["dataset"], row["seed"], stop)
     assert early_stop_epoch(flat, got_train.patience, got_train.min_epochs, "v") < train.epochs
-    assert early_stop_epoch(flat, got_train.patience, got_train.warm_min_epochs, "v") < train.epochs
+    assert early_stop_epoch(flat, got_train.warm_patience, got_train.warm_min_epochs, "v") < train.epochs
 
 
 def test_every_ablation_row_names_a_run_that_parses_and_a_base_in_the_table():
