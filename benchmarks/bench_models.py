@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -210,17 +211,20 @@ def described(diffs: list[tuple[str, object, object]]) -> str:
     return ", ".join(f"{k}={old!r} (now {new!r})" for k, old, new in diffs)
 
 
-def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str) -> None:
-    """A finished row in a kept work dir is reused only when each part of `now` equals the row's; anything else
-    stops with one sentence naming the differing keys (never a silent mix of two configurations in one table)."""
+def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str, ignore: Iterable[str] = ()) -> None:
+    """A finished row in a kept work dir is reused only when each part of `now` equals the row's (`ignore`: train
+    keys that do not change what the row trained); anything else stops with one sentence naming the differing
+    keys (never a silent mix of two configurations in one table)."""
     for part, value in now.items():
         stored = row.get(part)
-        if part == "train" and isinstance(stored, dict):
+        if part == "train" and isinstance(stored, dict) and isinstance(value, dict):
             stored = {**TRAIN_BEFORE_THE_KEY, **stored}  # a key added since the row trained, at its old behaviour
+            stored, value = ({k: v for k, v in d.items() if k not in ignore} for d in (stored, value))
         if stored == value:
             continue
         if isinstance(value, dict) and isinstance(stored, dict):
-            diff = described(differing(stored, value, value))
+            diff = described([(k, stored.get(k), value.get(k)) for k in sorted(stored.keys() | value.keys())
+                              if stored.get(k) != value.get(k)])
         else:
             diff = f"{stored!r} (now {value!r})"
         raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; {remedy}")

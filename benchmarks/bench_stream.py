@@ -197,7 +197,9 @@ def _train_and_score(run: str, init: str, step: int, prepared, prepared_dir: Pat
                 "config": as_json(model_config), "train": as_json(train_config)}
     if finished.is_file():
         row = json.loads(finished.read_text())
-        refuse_other_settings(row, settings, finished, f"use a new --work-dir or delete {work} to run this stream")
+        # A cold run is the same model whatever its warm-only settings (cold_key).
+        refuse_other_settings(row, settings, finished, f"use a new --work-dir or delete {work} to run this stream",
+                              ignore=WARM_ONLY_FIELDS if init == "cold" else ())
         log.info("step=%d %s init=%s finished earlier in %s; not trained again", step, run, init, work)
         return {**row, "resumed": True}, out
     load_before = os.getloadavg()[0]
@@ -329,8 +331,13 @@ def record_key(record: dict) -> tuple:
 
 
 def write_record(record: dict, out: Path) -> list[dict]:
+    """Merge `record` into `out`, replacing the record of its key (a rerun of a seed) — but a record still in
+    progress never replaces a complete one: a rerun stopped or refused half-way loses nothing measured."""
     out.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(out.read_text()) if out.is_file() else []
+    if not record.get("complete") and any(r.get("complete") and record_key(r) == record_key(record)
+                                          for r in existing):
+        return existing
     kept = [r for r in existing if record_key(r) != record_key(record)] + [record]
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(kept, indent=1) + "\n")

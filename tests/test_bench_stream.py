@@ -191,6 +191,8 @@ def test_streams_of_other_seeds_are_kept_side_by_side_and_averaged_over_seeds(tm
     out = tmp_path / "stream.json"
     bench_stream.write_record(_record(42, ("sasrec", "sasrec@warm_keep=0.7"), 1.00), out)
     bench_stream.write_record(_record(43, ("sasrec",), 0.96), out)
+    unfinished = {**_record(43, ("sasrec",), 0.50), "complete": False}  # a rerun of seed 43 stopped half-way
+    assert bench_stream.write_record(unfinished, out)[-1]["summary"]["sasrec"]["mean_ndcg_ratio"] == 0.96
     bench_stream.write_record(_record(43, ("sasrec",), 0.98), out)  # seed 43 again: replaces its record
     kept = bench_stream.write_record(_record(44, ("sasrec",), 0.90, dropout=0.3), out)  # other settings
     assert [bench_stream.record_seed(r) for r in kept] == [42, 43, 44]
@@ -243,6 +245,15 @@ def test_a_stream_killed_mid_run_resumes_from_its_work_dir(tmp_path, tiny_stream
     again = run_stream(argv)  # every run finished: read back, none trained
     assert [r.get("resumed") for r in again["rows"]] == [True, True, True]
     assert [r["test_ndcg@10"] for r in again["rows"]] == [r["test_ndcg@10"] for r in first["rows"]]
+    # params.yaml's warm-only settings changed (as BERT4Rec's warm_patience did): the cold runs are the same
+    # models and are read back; the warm run is another setting, refused with the key that differs.
+    params = tmp_path / "params.yaml"
+    settings = yaml.safe_load(params.read_text())
+    settings["sasrec"]["train"]["warm_keep"] = 0.5
+    params.write_text(yaml.safe_dump(settings))
+    with pytest.raises(SystemExit, match=r"warm.*was trained with other settings — train: warm_keep=1\.0 \(now 0\.5\)"):
+        run_stream(argv)
+    assert json.loads(out.read_text())[0]["rows"] == again["rows"]  # the complete record is not written over
     # Another stream in the same work dir (a different history share re-cuts every step) is refused, not mixed.
     changed = [*argv[:argv.index("--history-share") + 1], "0.7", *argv[argv.index("--history-share") + 2:]]
     with pytest.raises(SystemExit, match=r"stream: history_share=0\.6 \(now 0\.7\)"):
