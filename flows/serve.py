@@ -76,7 +76,8 @@ def private_temp_dir() -> Iterator[Path]:
     """This process's temporary folders in one of its own, removed on the way out: Prefect's runner makes
     `<temp>/runner_storage/<uuid>` and left it behind whenever the serve was stopped (Ctrl-C, SIGTERM). A
     SIGTERM before the runner takes the signal over (while the deployments register) ends the process
-    through here too; a folder a killed process (SIGKILL, the OOM killer) left is removed by the next serve."""
+    through here too, and Ctrl-C takes the SIGTERM path (`_stop_on_sigint`); a folder a killed process
+    (SIGKILL, the OOM killer) left is removed by the next serve."""
     import os
     import signal
     import threading
@@ -85,12 +86,15 @@ def private_temp_dir() -> Iterator[Path]:
     private = Path(tempfile.mkdtemp(prefix=f"{SERVE_TEMP_PREFIX}{os.getpid()}-"))
     before, tempfile.tempdir = tempfile.tempdir, str(private)
     main_thread = threading.current_thread() is threading.main_thread()
-    handler = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    if main_thread:
+        handlers = {signal.SIGTERM: signal.signal(signal.SIGTERM, _exit_on_sigterm),
+                    signal.SIGINT: signal.signal(signal.SIGINT, _stop_on_sigint)}
     try:
         yield private
     finally:
         if main_thread:
-            signal.signal(signal.SIGTERM, handler)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
         tempfile.tempdir = before
         shutil.rmtree(private, ignore_errors=True)
 
@@ -100,6 +104,23 @@ SERVE_TEMP_PREFIX = "recsys-serve-"
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def _stop_on_sigint(signum: int, frame: object) -> None:
+    """Ctrl-C stops the serve as a SIGTERM does: once Prefect's runner holds SIGTERM, its graceful stop (pause
+    the deployments, end the flow runs, exit 0); before that, the usual KeyboardInterrupt. Left to asyncio.run,
+    a first Ctrl-C only cancels the runner's main task, and once, in a full test run on a loaded box, a served
+    process sent SIGINT went on serving for two minutes without a line (then stopped at once on SIGTERM)."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler) and handler is not _exit_on_sigterm:
+        from prefect.logging import get_logger
+
+        get_logger("serve").info("Ctrl-C: stopping as on SIGTERM")
+        handler(signal.SIGTERM, frame)
+        return
+    raise KeyboardInterrupt
 
 
 def remove_orphans(temp: Path) -> None:

@@ -75,6 +75,35 @@ def test_a_sigterm_before_the_runner_takes_over_leaves_no_temp_folder_and_orphan
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
 
 
+def test_ctrl_c_is_a_keyboard_interrupt_until_the_runner_holds_sigterm_and_then_its_graceful_stop(tmp_path,
+                                                                                                  monkeypatch):
+    """Real signals to this process: Ctrl-C (SIGINT) while the deployments register is the usual
+    KeyboardInterrupt; once Prefect's runner has put its SIGTERM handler in place (a recorder stands in for
+    it), Ctrl-C calls that handler — the graceful stop a SIGTERM gets — instead of leaving asyncio to cancel a
+    task. Both handlers are restored after."""
+    import signal
+    import tempfile
+    import time
+
+    from flows.serve import private_temp_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    original = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(KeyboardInterrupt):
+        with private_temp_dir():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)  # (the handler raises before this ends)
+    calls = []
+    with private_temp_dir():
+        signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))  # as Runner.start does
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 10
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert calls == [signal.SIGTERM]
+    assert {s: signal.getsignal(s) for s in original} == original
+
+
 def a_repository(root: Path) -> Path:
     """A folder a flow's command line takes for a repository (its precheck reads params.yaml first)."""
     root.mkdir(parents=True)
@@ -207,6 +236,8 @@ def test_served_deployments_get_their_nightly_runs_and_a_stop_leaves_no_runner_f
             stop_tree(proc)
         output = log.read_text()
         assert "Traceback" not in output and "Warning" not in output, output
+        assert ("Ctrl-C: stopping as on SIGTERM" in output) == (stop == "SIGINT"), output
+        assert "SIGTERM received, initiating graceful shutdown" in output, output  # the runner's own stop
         assert list(temp.iterdir()) == [], output
         assert get_json(f"{api}/deployments/name/pipeline/nightly")["paused"] is True, output
         deadline = time.monotonic() + 60  # the pause drops the scheduled runs (a scheduler pass under way
