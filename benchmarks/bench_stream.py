@@ -362,7 +362,7 @@ def over_seeds(records: list[dict]) -> list[dict]:
             # The settings the name stood for then: "sasrec" is params.yaml's SASRec, which changes over time.
             train = {**TRAIN_BEFORE_THE_KEY, **warm["train"]}  # a key added since, at its old behaviour
             trained = json.dumps([warm["config"], {k: v for k, v in train.items() if k != "seed"}], sort_keys=True)
-            groups.setdefault((*setting, run, trained), {})[record_seed(rec)] = summary
+            groups.setdefault((*setting, run, trained), {})[record_seed(rec)] = {**summary, "commit": rec.get("commit")}
     out = []
     for (dataset, batches, _, device, _, run, _), by_seed in groups.items():
         if len(by_seed) < 2:
@@ -374,6 +374,8 @@ def over_seeds(records: list[dict]) -> list[dict]:
             return None if any(v is None for v in values) else values
         out.append({"dataset": dataset, "device": device, "run": run, "batches": batches,
                     "seeds": [seed for seed, _ in seeded],
+                    # where the name's settings ran: one name (params.yaml's "bert4rec") can stand for several
+                    "commits": sorted({summary["commit"] or "—" for _, summary in seeded}),
                     **{field: spread(field) for field in ("mean_ndcg_ratio", "mean_time_to_best_ratio",
                                                           "mean_cpu_time_to_best_ratio")}})
     return out
@@ -419,8 +421,8 @@ def render_table(records: list[dict]) -> str:
     if seeded:
         lines += ["", "Over seeds (each seed's mean over its batches, then mean ± sd over the seeds):", "",
                   "| dataset | device | run | batches | seeds | warm/cold NDCG@10 | warm/cold time to best (wall) "
-                  "| warm/cold CPU time to best | target ≥ 0.99 and ≤ 0.30 |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| warm/cold CPU time to best | target ≥ 0.99 and ≤ 0.30 | commits |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for g in seeded:
             time_judge = g["mean_cpu_time_to_best_ratio"] or g["mean_time_to_best_ratio"]
             met = meets_target(statistics.mean(g["mean_ndcg_ratio"]), statistics.mean(time_judge))
@@ -428,7 +430,7 @@ def render_table(records: list[dict]) -> str:
                 f"| {g['dataset']} | {g['device']} | {g['run']} | {g['batches']} "
                 f"| {', '.join(str(x) for x in g['seeds'])} | {_over_seeds_cell(g['mean_ndcg_ratio'])} "
                 f"| {_over_seeds_cell(g['mean_time_to_best_ratio'])} | {_over_seeds_cell(g['mean_cpu_time_to_best_ratio'])} "
-                f"| {'met' if met else 'not met'} |")
+                f"| {'met' if met else 'not met'} | {', '.join(g['commits'])} |")
     return "\n".join(lines)
 
 

@@ -209,9 +209,11 @@ def test_streams_of_other_seeds_are_kept_side_by_side_and_averaged_over_seeds(tm
     newer = _record(44, ("sasrec",), 0.94)
     for row in newer["rows"]:
         row["train"]["warm_patience"] = 0
+    newer["commit"] = "abc1234"
     (group,) = bench_stream.over_seeds([*kept, again, newer])
     assert group["seeds"] == [42, 43, 44] and group["mean_ndcg_ratio"] == [1.0, 0.98, 0.94]
-    assert table.rstrip().endswith("| met |")
+    assert group["commits"] == ["abc1234", "—"]  # where the rows ran (a record before commits were kept: —)
+    assert table.rstrip().endswith("| met | — |")  # (no commit in these records)
     # One picture per record: streams of other models on the same seed do not overwrite each other's.
     names = {bench_stream.plot_path(r, tmp_path).name for r in kept}
     names.add(bench_stream.plot_path(_record(42, ("mojito",), 1.0), tmp_path).name)
