@@ -203,8 +203,9 @@ def as_json(config) -> dict:
 
 
 def differing(stored: dict, now: dict, keys) -> list[tuple[str, object, object]]:
-    """(key, stored value, value now) for each of `keys` whose value in `now` differs from the stored one."""
-    return [(k, stored.get(k), now[k]) for k in keys if stored.get(k) != now[k]]
+    """(key, stored value, value now) for each of `keys` whose value differs between the two (None where one
+    side lacks the key)."""
+    return [(k, stored.get(k), now.get(k)) for k in keys if stored.get(k) != now.get(k)]
 
 
 def described(diffs: list[tuple[str, object, object]]) -> str:
@@ -223,8 +224,7 @@ def refuse_other_settings(row: dict, now: dict, path: Path, remedy: str, ignore:
         if stored == value:
             continue
         if isinstance(value, dict) and isinstance(stored, dict):
-            diff = described([(k, stored.get(k), value.get(k)) for k in sorted(stored.keys() | value.keys())
-                              if stored.get(k) != value.get(k)])
+            diff = described(differing(stored, value, sorted(stored.keys() | value.keys())))
         else:
             diff = f"{stored!r} (now {value!r})"
         raise SystemExit(f"{path} was trained with other settings — {part}: {diff}; {remedy}")
