@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         print(describe_champion(Path(args.repo_root), summary["retrain"].get("decision"), k=5 if changed else 0))
 
     def precheck() -> None:
-        check_command_line(args.repo_root, args.models)
+        check_command_line(args.repo_root, args.models, args.fan_out)
         ingest_config(args.repo_root, args.inbox)
 
     run_main(run, args.verbose, precheck=precheck)

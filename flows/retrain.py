@@ -227,14 +227,23 @@ def fan_out_ready(root: Path, params: Any, selected: list[str], force: bool, fan
     return commit
 
 
-def check_command_line(repo_root: str, models: list[str] | None) -> tuple[Path, Any, list[str]]:
+def check_command_line(repo_root: str, models: list[str] | None,
+                       fan_out: str | None = None) -> tuple[Path, Any, list[str]]:
     """`run_main`'s precheck for this flow's and the pipeline's command lines: the repository, its params.yaml
-    and the models the flow's first steps would refuse (`workspace_root`, `load_params`, `select_models`) —
-    one line before Prefect's server starts and a failed flow run is recorded. Returns (root, params, the
-    selected models)."""
+    and the models the flow's first steps would refuse (`workspace_root`, `load_params`, `select_models`),
+    and a `--fan-out` without a Prefect server to find its deployment on — one line before Prefect's
+    server starts and a failed flow run is recorded. Returns (root, params, the selected models)."""
     root = workspace_root(repo_root)
     params = load_params(Layout(root).params)
-    return root, params, select_models(params, models)
+    selected = select_models(params, models)
+    if fan_out:
+        from prefect.settings import get_current_settings
+
+        if not get_current_settings().api.url:  # the temporary server has no deployments and no workers
+            raise ConfigError(f"--fan-out {fan_out} needs the Prefect server its workers poll, and PREFECT_API_URL "
+                              "is not set: this run would go to a temporary server with no deployments and no "
+                              "workers; set PREFECT_API_URL=http://HOST:4200/api (README, Scaling out)")
+    return root, params, selected
 
 
 def epochs_argument(text: str) -> int:
@@ -285,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = run_main(lambda: retrain(models=args.models, force=args.force, epochs=args.epochs,
                                        repo_root=args.repo_root, fan_out=args.fan_out,
                                        fan_out_idle_minutes=args.fan_out_idle_minutes), args.verbose,
-                       precheck=lambda: check_command_line(args.repo_root, args.models))
+                       precheck=lambda: check_command_line(args.repo_root, args.models, args.fan_out))
     print(json.dumps(summary, indent=2, default=str))
 
 

@@ -192,7 +192,8 @@ def data_import(
     path: Path = typer.Argument(..., help="dataset folder or file"),
     out: str | None = typer.Option(None, help="raw store directory to (re)write (default: data/ of the "
                                               "params file's repository)"),
-    column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable"),
+    column: list[str] = typer.Option([], help="column mapping for `table`: canonical=source, repeatable "
+                                              "(default: params.yaml ingest.column_mapping)"),
     params: Path = PARAMS,
 ) -> None:
     """Replace the raw store's seed with a real dataset (MovieLens or a CSV/Parquet table). Its rows get the
@@ -210,6 +211,8 @@ def data_import(
     mapping = column_mapping(column) if source == "table" else None
     store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
     config = load_params(params).ingest
+    if source == "table" and not column:  # the mapping later batches use (README, Bring your own data)
+        mapping = dict(config.column_mapping or {}) or None
     check_no_batches(store)  # before reading the dataset (write_store checks again)
 
     if source == "movielens-1m":
@@ -217,7 +220,7 @@ def data_import(
     elif source == "movielens-100k":
         frame, titles = read_movielens_100k(path), read_movielens_titles(path)
     else:
-        frame, titles = read_table(path, mapping), None
+        frame, titles = read_table(path, mapping, config.extra_columns), None
     import pandas as pd
 
     try:

@@ -154,9 +154,15 @@ def read_movielens_titles(path: str | Path) -> pd.DataFrame | None:
     return pd.DataFrame(rows, columns=["item_id", "title"])
 
 
-def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.DataFrame:
+MAP_HINT = "name them with --column CANONICAL=COLUMN (or set ingest.column_mapping in params.yaml)"
+
+
+def read_table(path: str | Path, mapping: dict[str, str] | None = None,
+               extra_columns: str = "reject") -> pd.DataFrame:
     """Generic CSV, Parquet or JSON lines (the readers ingest uses); `mapping` maps canonical column names
-    to the source's column names."""
+    to the source's column names. A column that maps to no canonical one is refused, as a batch's is,
+    unless `extra_columns` is "drop" (`ingest.extra_columns`): dropped without a word, an event column left
+    unmapped would lose every event type."""
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a folder: name one file (CSV, JSON lines or Parquet); import the "
@@ -172,6 +178,15 @@ def read_table(path: str | Path, mapping: dict[str, str] | None = None) -> pd.Da
         if misfit:
             raise DataError(f"{path}: {misfit}")
         frame = frame.rename(columns={src: dst for dst, src in mapping.items()})
+    missing = [c for c in schema.REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(f"{path}: missing required column(s) {missing}; the file has {list(frame.columns)}: "
+                        f"{MAP_HINT}")
+    extra = [c for c in frame.columns if c not in schema.CANONICAL_COLUMNS]
+    if extra and extra_columns != "drop":
+        raise DataError(f"{path}: column(s) {extra} map to none of {', '.join(schema.CANONICAL_COLUMNS)}: "
+                        f"{MAP_HINT}, or set ingest.extra_columns: drop to leave them out")
+    frame = frame[[c for c in frame.columns if c in schema.CANONICAL_COLUMNS]]
     nested = nested_value(frame)  # as a batch's: a JSON object would become the id "{'a': 1}"
     if nested:
         raise DataError(f"{path}: {nested}")

@@ -234,7 +234,7 @@ def save(prepared: Prepared, out_dir: str | Path) -> None:
 def load(prepared_dir: str | Path) -> Prepared:
     path = Path(prepared_dir)
     if not (path / layout.PREPARED_FINGERPRINT).is_file():
-        raise PrepareError(f"{path} is not a prepared dataset (no {layout.PREPARED_FINGERPRINT}); run `dvc repro prepare`")
+        raise PrepareError(f"{path} is not a prepared dataset (no {layout.PREPARED_FINGERPRINT}); `recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)")
     return Prepared(
         events=pd.read_parquet(path / "events.parquet"),
         items=pd.read_parquet(path / "items.parquet"),

@@ -240,6 +240,52 @@ def test_data_import_table_with_mapping(monkeypatch, capsys, tmp_path):
 MAPPING = ["--column", "user_id=uid", "--column", "item_id=sku", "--column", "timestamp=ts"]
 
 
+def test_a_seed_column_no_mapping_names_is_refused_as_a_batch_column_is(monkeypatch, capsys, tmp_path,
+                                                                       write_params):
+    """An unmapped column (here the event types, `--column event=kind` forgotten) was dropped without a word:
+    the seed lost every event type that a batch with the same columns is rejected for. Refused, naming the
+    column and both ways out; with `ingest.extra_columns: drop` it is left out, as from a batch."""
+    from recsys.store import read_store
+
+    source = tmp_path / "events.csv"
+    source.write_text("uid,sku,ts,kind\na,x,1704067210,view\nb,y,1704067220,buy\n")
+    store = tmp_path / "data"
+    code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
+                             *MAPPING)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, (f"error: {source}: column(s) ['kind'] map to none of user_id, item_id, "
+                                "timestamp, rating, event: name them with --column CANONICAL=COLUMN (or set "
+                                "ingest.column_mapping in params.yaml), or set ingest.extra_columns: drop to "
+                                "leave them out"))
+    assert not store.exists()
+    params = write_params({"ingest": {"extra_columns": "drop"}})
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
+                           *MAPPING, "--params", str(params))
+    assert code == 0 and "wrote 2 interactions" in out
+    assert read_store(store)["event"].isna().all()
+
+
+def test_a_seed_import_without_column_options_maps_by_params_yaml(monkeypatch, capsys, tmp_path, write_params):
+    """README's later batches read `ingest.column_mapping`; the seed import ignored it, and without `--column`
+    said only which columns were missing. It now takes params.yaml's mapping, and a file that still lacks a
+    column is told how to name it."""
+    from recsys.store import read_store
+
+    source = tmp_path / "events.csv"
+    source.write_text("uid,sku,ts\na,x,1704067210\n")
+    store = tmp_path / "data"
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store))
+    assert code == 1
+    assert_one_line_error(err, (f"error: {source}: missing required column(s) ['user_id', 'item_id', "
+                                "'timestamp']; the file has ['uid', 'sku', 'ts']: name them with --column "
+                                "CANONICAL=COLUMN (or set ingest.column_mapping in params.yaml)"))
+    params = write_params({"ingest": {"column_mapping": {"user_id": "uid", "item_id": "sku", "timestamp": "ts"}}})
+    code, out, _ = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out", str(store),
+                           "--params", str(params))
+    assert code == 0 and "wrote 1 interactions" in out
+    assert read_store(store)[["user_id", "item_id"]].values.tolist() == [["a", "x"]]
+
+
 @pytest.mark.parametrize(("rows", "says"), [
     ("", "0 data rows: a seed needs at least ingest.min_rows = 1"),
     ("a,x,1704067200000\n", ("1 of 1 rows fail the checks every ingested batch gets: 1 × timestamp before "

@@ -272,9 +272,14 @@ REFUSED_COMMAND_LINES = [
     (["flows.ingest", "--inbox", "."], "inbox {repo} is the repository root"),
     (["flows.retrain", "--repo-root", "nowhere"], "--repo-root nowhere: no such folder"),
     (["flows.pipeline", "--repo-root", "sub"], "--repo-root sub: {repo}/sub holds no params.yaml"),
+    # fan-out on the temporary server: it started, recorded a failed run, then found no deployment (~10 s)
+    (["flows.retrain", "--fan-out", "train-model/worker"],
+     "--fan-out train-model/worker needs the Prefect server its workers poll, and PREFECT_API_URL is not set"),
+    (["flows.pipeline", "--fan-out", "train-model/worker"],
+     "--fan-out train-model/worker needs the Prefect server its workers poll, and PREFECT_API_URL is not set"),
 ]
 # one command line of each flow also runs as its own process (what a person types; the rest run in-process)
-_AS_PROCESSES = [REFUSED_COMMAND_LINES[i] for i in (0, 3, 5)]
+_AS_PROCESSES = [REFUSED_COMMAND_LINES[i] for i in (0, 3, 5, 8)]
 
 
 def _command_line_id(value):

@@ -114,9 +114,11 @@ def _batch_message(
     top = ", ".join(f"{n} × {reason}" for reason, n in list(details["reasons"].items())[:3])
     # Counts, not rounded percentages: 1001 of 20000 and a limit of 0.05 both read "5.0%".
     if bad > allowed:
+        # Every row failing is no share to raise: the rows, or the setting their reason names, are wrong.
+        advice = "raise it, or fix the rows" if bad < rows else "fix the rows, or the setting their reason names"
         parts.append(
             f"{bad} of {rows} rows fail row checks, more than the {allowed} that ingest.max_bad_row_share "
-            f"= {config.max_bad_row_share} allows (raise it, or fix the rows): {top}"
+            f"= {config.max_bad_row_share} allows ({advice}): {top}{_time_settings(details['reasons'], config)}"
         )
     else:
         # Within the limit over all rows, yet a row rule failed: GX counts only the rows where its column is
@@ -125,6 +127,18 @@ def _batch_message(
     # Row-rule failures are summarised by the reason counts above; table-level ones get their sentence.
     parts += [_table_failure(o, config) for o in batch.failures if o.unexpected_count is None]
     return f"{source}: batch rejected: " + "; ".join(parts)
+
+
+TIME_RANGE_REASON = "timestamp before the configured floor or too far in the future"  # the suite's note
+
+
+def _time_settings(reasons: dict[str, int], config: IngestConfig) -> str:
+    """The settings behind the time-range reason, where it is among the reasons: which bound a row broke is
+    not in the reason, and times in milliseconds (or microseconds) break the upper one."""
+    if not any(TIME_RANGE_REASON in reason for reason in reasons):
+        return ""
+    return (f" (ingest.timestamp_floor = {config.timestamp_floor}, ingest.max_future_skew_seconds = "
+            f"{config.max_future_skew_seconds}; a time in milliseconds lands in the future)")
 
 
 def _row_rule_failure(outcome: validation.ExpectationOutcome, config: IngestConfig) -> str:

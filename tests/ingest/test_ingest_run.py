@@ -168,6 +168,20 @@ def test_a_rejection_by_a_hair_says_the_counts(repo):
         "empty"), summary.message
 
 
+def test_a_batch_of_times_in_milliseconds_is_told_the_time_settings_not_to_raise_the_share(repo):
+    """Every row out of the time range said only "(raise it, or fix the rows)": raising
+    ingest.max_bad_row_share would quarantine the whole batch, and the reason named no setting."""
+    frame = events(20, start=1900)
+    frame["timestamp"] = frame["timestamp"] * 1000
+    summary = ingest_one(repo, write_frame(repo / "inbox" / "ms.csv", frame), config(max_bad_row_share=0.05))
+    assert summary.status == "rejected"
+    assert summary.message == (
+        "batch rejected: 20 of 20 rows fail row checks, more than the 1 that ingest.max_bad_row_share = 0.05 "
+        "allows (fix the rows, or the setting their reason names): 20 × timestamp before the configured floor "
+        "or too far in the future (ingest.timestamp_floor = 788918400, ingest.max_future_skew_seconds = 86400; "
+        "a time in milliseconds lands in the future)"), summary.message
+
+
 def test_too_few_rows_names_the_setting(repo):
     path = write_frame(repo / "inbox" / "one.csv", events(1, start=1800))
     summary = ingest_one(repo, path, config(min_rows=5))
