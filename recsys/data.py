@@ -105,11 +105,17 @@ def check_seed(frame: pd.DataFrame, config: IngestConfig, now: int | None = None
     return frame.loc[~duplicate].reset_index(drop=True), int(duplicate.sum())
 
 
+# The ratings file of each MovieLens layout, and its `data import` source name.
+RATINGS_FILES = {"ratings.dat": "movielens-1m", "u.data": "movielens-100k"}
+
+
 def _ratings_file(path: Path, name: str) -> Path:
     path = Path(path)
     candidate = path / name if path.is_dir() else path
     if not candidate.is_file():
-        raise DataError(f"{candidate} not found")
+        other = next((f for f in RATINGS_FILES if f != name and path.is_dir() and (path / f).is_file()), None)
+        hint = f" ({path} holds {other}: import it as {RATINGS_FILES[other]})" if other else ""
+        raise DataError(f"{candidate} not found{hint}")
     return candidate
 
 
@@ -246,7 +252,9 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
         payload = archive.read_bytes()
         for algo, expected in (("sha256", sha256), ("md5", md5)):
             if expected and hashlib.new(algo, payload).hexdigest() != expected.lower():
-                raise DataError(f"{url}: {algo} mismatch (expected {expected}); file discarded")
+                # The official MD5 fits the official archive only: a mirror's or a repacked one needs its own.
+                other = "" if sha256 else " (another archive than the official one: pass its --sha256 HEX)"
+                raise DataError(f"{url}: {algo} mismatch (expected {expected}); file discarded{other}")
         staging = Path(tmp) / "extracted"
         try:
             with zipfile.ZipFile(io.BytesIO(payload)) as zf:

@@ -93,6 +93,17 @@ def test_missing_files_are_data_errors(tmp_path):
         read_table(tmp_path / "nope.csv")
 
 
+def test_the_other_movielens_layout_is_named_where_its_file_is(tmp_path):
+    """`data import movielens-1m` of an ml-100k folder said only that ratings.dat was not found."""
+    (tmp_path / "u.data").write_text("196\t242\t3\t881250949\n")
+    with pytest.raises(DataError, match=r"ratings.dat not found \(.* holds u.data: import it as movielens-100k\)$"):
+        read_movielens_1m(tmp_path)
+    (tmp_path / "u.data").unlink()
+    (tmp_path / "ratings.dat").write_text("1::2::3::978300760\n")
+    with pytest.raises(DataError, match=r"u.data not found \(.* holds ratings.dat: import it as movielens-1m\)$"):
+        read_movielens_100k(tmp_path)
+
+
 def test_read_csv_with_column_mapping(tmp_path):
     path = tmp_path / "events.csv"
     path.write_text("uid,sku,ts,kind\nA7,sku-1,1700000000,click\n007,42,1700000100,cart\n")
@@ -308,7 +319,8 @@ def test_download_missing_source(tmp_path):
 def test_download_movielens_mirror_must_match_official_md5(tmp_path, archive_dir):
     archive = archive_dir / "ml.zip"
     make_zip(archive, {"ml-1m/ratings.dat": "1::2::3::4\n"})
-    with pytest.raises(DataError, match="md5 mismatch"):
+    with pytest.raises(DataError, match=r"md5 mismatch .*; file discarded \(another archive than the official "
+                                        r"one: pass its --sha256 HEX\)$"):
         download_movielens("movielens-1m", tmp_path / "dest", url=archive.as_uri())
     with pytest.raises(DataError, match="unknown dataset"):
         download_movielens("movielens-25m", tmp_path / "dest")
