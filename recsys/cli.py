@@ -97,7 +97,10 @@ def data_generate(
     from recsys.data import generate, write_store
 
     store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
-    part = write_store(generate(load_params(params).generate), store)
+    loaded = load_params(params)
+    if out is not None:
+        refuse_system_place(store, params, loaded, store=True)
+    part = write_store(generate(loaded.generate), store)
     typer.echo(f"wrote {part}")
 
 
@@ -111,7 +114,7 @@ def data_batch(
 ) -> None:
     """Write a follow-up batch of generated interactions (CSV) — new data for the inbox."""
     from recsys.atomic import write_text_atomic
-    from recsys.data import batch_index_problem, generate_batch
+    from recsys.data import DataError, batch_index_problem, generate_batch
 
     if not re.fullmatch(r"-?(0|[1-9][0-9]*)", index):  # Click's int took "1.0", "+1", " 3" and "1_0" (as 10)
         raise typer.BadParameter(f"{index!r} is not a whole number written plainly (1, 2, …)",
@@ -132,11 +135,33 @@ def data_batch(
     if chosen is None and inbox.is_relative_to(Path.cwd()):
         inbox = inbox.relative_to(Path.cwd())  # said as before: `wrote … to inbox/generated-0001.csv`
     target = chosen or inbox / f"generated-{number:04d}.csv"
+    if chosen is not None:
+        refuse_system_place(chosen, params, loaded)
     frame = generate_batch(loaded.generate, number)
+    text = frame.to_csv(index=False, lineterminator="\n")
+    if target.exists() and not (target.is_file() and target.read_bytes() == text.encode()):
+        # The same batch again is a no-op; anything else there (params.yaml, another batch) is not replaced.
+        raise DataError(f"{target} exists with other contents: `recsys data batch` never replaces a file; "
+                        "name a new one with --out, or move that one away")
     target.parent.mkdir(parents=True, exist_ok=True)
     # whole or absent: an ingest that finds the file in the inbox never reads half a batch
-    write_text_atomic(target, frame.to_csv(index=False, lineterminator="\n"), target.parent)
+    write_text_atomic(target, text, target.parent)
     typer.echo(f"wrote {len(frame)} interactions to {target}")
+
+
+def refuse_system_place(out: Path, params: Path, loaded, store: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """An `--out` in a folder the system writes (the raw store, the registry, ingest's state, DVC's or git's
+    folders, the pipeline's outputs) is refused before anything is written, as `--inbox` there is; with
+    `store`, the raw store itself is where a seed goes (`data generate | import --out data`)."""
+    from recsys.ingest.layout import paths as ingest_paths
+    from recsys.ingest.layout import system_place
+
+    where = ingest_paths(params_root(params), loaded.ingest, params=params)
+    if store and out.resolve() == where.store.resolve():
+        return
+    place = system_place(where, out)
+    if place:
+        raise typer.BadParameter(f"{out} {place}: write it to a place of its own", param_hint="'--out'")
 
 
 @data_app.command("download")
@@ -210,7 +235,10 @@ def data_import(
                                  "columns (leave --column out)", param_hint="'--column'")
     mapping = column_mapping(column) if source == "table" else None
     store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
-    config = load_params(params).ingest
+    loaded = load_params(params)
+    config = loaded.ingest
+    if out is not None:
+        refuse_system_place(store, params, loaded, store=True)
     if source == "table" and not column:  # the mapping later batches use (README, Bring your own data)
         mapping = dict(config.column_mapping or {}) or None
     check_no_batches(store)  # before reading the dataset (write_store checks again)

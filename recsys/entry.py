@@ -25,7 +25,7 @@ _USER_ERRORS = [
     ("recsys.bootstrap", "BootstrapError"), ("recsys.recommend", "RecommendError"),
     ("recsys.distributed", "DistributedError"), ("recsys.device", "DeviceError"),
     ("recsys.train", "TrainingError"), ("recsys.model_configs", "SettingError"),
-    ("recsys.atomic", "NotAFolderError"),
+    ("recsys.atomic", "NotAFolderError"), ("recsys.store", "StoreError"), ("recsys.digest", "DigestError"),
 ]
 VERBOSE_ENV = "RECSYS_VERBOSE"
 

@@ -25,6 +25,7 @@ import torch
 from recsys.atomic import atomic_path, write_text_atomic
 from recsys.config import EvaluateConfig, Params
 from recsys.device import resolve_device, retain_cpu_memory
+from recsys.digest import CHECKPOINT_SHA256, directory_digest
 from recsys.entry import model_stage_args
 from recsys.layout import Layout
 from recsys.metrics import per_user_metrics
@@ -158,10 +159,14 @@ def main(argv: list[str] | None = None) -> None:
 
         raise CheckpointError(f"{paths.model_dir(name)} holds no trained {name}: run "
                               f"`dvc repro train@{name}` (or `recsys train --model {name}`) first")
+    # Which checkpoint these numbers are of (the registry's address for it): a promotion refuses metrics of
+    # another one — a checkpoint retrained, resumed or damaged since it was scored.
+    checkpoint_sha256 = directory_digest(paths.model_dir(name))
     result = score_test_split(paths.model_dir(name), paths.prepared, params, name)
     train_summary = json.loads((paths.model_dir(name) / "model.json").read_text())
     write_outputs(result, paths.metrics(name), paths.per_user(name),
-                  {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {})})
+                  {"best_epoch": train_summary.get("best_epoch"), "valid": train_summary.get("valid_metrics", {}),
+                   CHECKPOINT_SHA256: checkpoint_sha256})
     log.info("evaluate model=%s split=test %s", name,
              " ".join(f"{k}={v:.4f}" for k, v in result.metrics.items() if isinstance(v, float)))
 

@@ -235,17 +235,35 @@ def load(prepared_dir: str | Path) -> Prepared:
     path = Path(prepared_dir)
     if not (path / layout.PREPARED_FINGERPRINT).is_file():
         raise PrepareError(f"{path} is not a prepared dataset (no {layout.PREPARED_FINGERPRINT}); `recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)")
-    return Prepared(
-        events=pd.read_parquet(path / "events.parquet"),
-        items=pd.read_parquet(path / "items.parquet"),
-        users=pd.read_parquet(path / "users.parquet"),
-        fingerprint=json.loads((path / layout.PREPARED_FINGERPRINT).read_text()),
-    )
+    import pyarrow as pa
+
+    from recsys.store import first_line
+
+    part = path / layout.PREPARED_FINGERPRINT
+    try:
+        fingerprint = json.loads(part.read_text(encoding="utf-8"))
+        frames = {}
+        for name in ("events", "items", "users"):
+            part = path / f"{name}.parquet"
+            frames[name] = pd.read_parquet(part)
+    except (OSError, ValueError, pa.ArrowException) as err:  # missing, truncated, not JSON, not Parquet
+        raise PrepareError(f"{part} cannot be read ({first_line(err)}): the prepare stage's output is damaged; "
+                           "rebuild it with `dvc repro prepare`") from err
+    return Prepared(events=frames["events"], items=frames["items"], users=frames["users"],
+                    fingerprint=fingerprint)
 
 
 def read_titles(store: Path) -> pd.DataFrame | None:
     items_csv = store / "items.csv"
-    return pd.read_csv(items_csv, dtype=str) if items_csv.is_file() else None
+    if not items_csv.is_file():
+        return None
+    try:
+        return pd.read_csv(items_csv, dtype=str)
+    except (OSError, ValueError) as err:  # not UTF-8 text, not CSV
+        from recsys.store import first_line
+
+        raise PrepareError(f"{items_csv} cannot be read ({first_line(err)}); put the data "
+                           "version back with `dvc checkout data.dvc` (or `dvc pull data.dvc`)") from err
 
 
 def main(argv: list[str] | None = None,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Params, validate_name
+from recsys.digest import CHECKPOINT_SHA256, DigestError, directory_digest
 from recsys.held_out import late_data_leak
 from recsys.layout import PREPARED_FINGERPRINT, Layout
 from recsys.lineage import Lineage, capture, split_otherwise, trained_data_version
@@ -47,6 +48,7 @@ class StoredEval:
     metrics: dict[str, float]
     per_user_path: Path
     eval_fingerprint: str
+    checkpoint_sha256: str | None = None  # the digest of the checkpoint scored (None: not recorded)
 
     @functools.cached_property
     def per_user(self) -> Any:
@@ -81,8 +83,28 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
     fingerprint = raw.pop("eval_fingerprint", None) if isinstance(raw, dict) else None
     if not isinstance(fingerprint, str) or not fingerprint:
         raise PromotionError(f"{metrics_path} has no eval_fingerprint; re-run the evaluate stage")
+    scored = raw.pop(CHECKPOINT_SHA256, None)
     metrics = {k: v for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return StoredEval(metrics, per_user_path, fingerprint)
+    return StoredEval(metrics, per_user_path, fingerprint, scored if isinstance(scored, str) else None)
+
+
+def check_scored(directory: Path, evaluation: StoredEval, model: str) -> None:
+    """The metrics are of the checkpoint in `directory`: the digest the evaluate stage recorded of what it
+    scored is the directory's now. A checkpoint retrained or resumed since (`recsys train` by hand), or
+    damaged, was registered and gated with another checkpoint's numbers (a truncated one became champion)."""
+    again = f"re-run `dvc repro evaluate@{model}` (or `recsys evaluate --model {model}`), then promote"
+    metrics = Layout(Path()).metrics(model)  # as the workspace names it
+    if evaluation.checkpoint_sha256 is None:
+        raise PromotionError(f"{metrics} does not say which checkpoint it scored (written before that was "
+                             f"recorded): {again}")
+    try:
+        now = directory_digest(directory)
+    except (OSError, DigestError) as err:
+        raise PromotionError(f"cannot read the checkpoint {directory}: {err}") from err
+    if now != evaluation.checkpoint_sha256:
+        raise PromotionError(f"{metrics} scored another checkpoint (sha256 "
+                             f"{evaluation.checkpoint_sha256[:12]}) than {directory} holds now ({now[:12]}): it "
+                             f"was trained again, resumed or changed since; {again}")
 
 
 def rescore_on(params: Params, prepared: Path) -> RescoreFn:
@@ -160,6 +182,7 @@ def _promote_locked(
             f"no evaluation for {model!r} (metrics/{model}.json, artifacts/eval/{model}/per_user.parquet); "
             f"run `dvc repro evaluate@{model}` first"
         )
+    check_scored(candidate_dir, candidate, model)
     if tries := cold_tries(root, params):
         lineage = dataclasses.replace(lineage, params={**lineage.params, COLD_TRIES: tries})
     baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
@@ -168,6 +191,7 @@ def _promote_locked(
         # Refuse before anything is copied: neither artifact lands in the store if either is invalid.
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
         if baseline_result is not None and baseline_lineage is not None:
+            check_scored(baseline_dir, baseline_result, baseline)
             registry.check_registration(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
             before = registry.champion_version() if model == baseline else None
             installed = registry.install_baseline(baseline_dir, baseline_result,

@@ -35,6 +35,12 @@ class StoreError(RuntimeError):
     """The store on disk is unreadable or a part would be overwritten."""
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first line (Arrow's carry several), or its type where it has no text."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
 def interactions_dir(store_dir: str | Path) -> Path:
     return Path(store_dir) / INTERACTIONS_DIR
 
@@ -84,7 +90,9 @@ def read_store(store_dir: str | Path, columns: list[str] | None = None) -> pd.Da
             present = set(pq.read_schema(path).names)
             table = pq.read_table(path, columns=[c for c in schema.names if c in present])
         except (OSError, pa.ArrowException) as err:
-            raise StoreError(f"cannot read store part {path}: {err}") from err
+            raise StoreError(f"cannot read store part {path} ({first_line(err)}); put the data "
+                             "version back with `dvc checkout data.dvc` (or `dvc pull data.dvc`), then run again"
+                             ) from err
         for name in schema.names:
             if name in present:
                 continue

@@ -34,9 +34,12 @@ def write_stage_outputs(  # type: ignore[no-untyped-def]
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(checkpoint, target)
+    from recsys.digest import CHECKPOINT_SHA256, directory_digest
+
     result = evaluate_checkpoint(target, prepared_dir, "test", evaluate_config)
     write_outputs(result, root / "metrics" / f"{model}.json",
-                  root / "artifacts" / "eval" / model / "per_user.parquet")
+                  root / "artifacts" / "eval" / model / "per_user.parquet",
+                  {CHECKPOINT_SHA256: directory_digest(target)})  # which checkpoint it scored, as the stage says
 
 
 def make_workspace(root: Path, params_path: Path, prepared_dir: Path, checkpoints: dict[str, Path]) -> Path:

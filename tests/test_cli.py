@@ -949,3 +949,42 @@ def test_options_meant_to_repeat_still_repeat(monkeypatch, capsys, tmp_path):
     code, out, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(tmp_path / "absent.csv"),
                              "--column", "user_id=customer", "--column", "item_id=sku")
     assert code == 1 and "given twice" not in err and "params file not found" in err, err
+
+
+def test_a_generated_batch_never_replaces_another_file(monkeypatch, capsys, tmp_path, write_params):
+    """`recsys data batch 1 --out params.yaml` replaced the repository's settings with CSV rows (exit 0). A file
+    with other bytes is now kept and the command refused in one line; the same batch again is a no-op."""
+    params = write_params()
+    before = params.read_bytes()
+    code, out, err = run_cli(monkeypatch, capsys, "data", "batch", "1", "--out", str(params), "--params",
+                             str(params))
+    assert (code, out) == (1, "")
+    assert_one_line_error(err, f"error: {params} exists with other contents: `recsys data batch` never replaces a "
+                               "file; name a new one with --out, or move that one away")
+    assert params.read_bytes() == before
+    batch = tmp_path / "batch.csv"
+    for _ in range(2):  # written, then the same bytes again
+        code, out, _ = run_cli(monkeypatch, capsys, "data", "batch", "1", "--out", str(batch), "--params",
+                               str(params))
+        assert code == 0 and out.startswith("wrote ")
+
+
+@pytest.mark.parametrize("command, out, place", [
+    (["data", "batch", "1"], "data/interactions/part-9999999999.parquet",
+     "lies in data/, the raw store data.dvc versions"),
+    (["data", "batch", "1"], ".ingest/x.csv", "lies in .ingest/, ingest's state and locks"),
+    (["data", "generate"], "registry", "is registry/, the model registry"),
+    (["data", "generate"], "artifacts/prepared", "lies in artifacts/, the pipeline's outputs"),
+    (["data", "generate"], ".git", "is .git/, git's repository"),
+])
+def test_an_out_in_a_folder_the_system_writes_is_refused_before_anything_is_written(
+        monkeypatch, capsys, tmp_path, write_params, command, out, place):
+    """A CSV planted as a store part broke the next ingest; a seed was written into the registry's, git's or
+    the prepare stage's folders. Refused as a command line that does not parse (exit 2), as `--inbox` there is."""
+    params = write_params()
+    monkeypatch.chdir(tmp_path)
+    code, printed, err = run_cli(monkeypatch, capsys, *command, "--out", out, "--params", str(params))
+    assert (code, printed) == (2, "")
+    assert_one_line_error(err, f"{out} {place}")
+    assert not (tmp_path / out).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

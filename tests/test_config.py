@@ -263,6 +263,13 @@ def assert_reads_back(params, raw: dict) -> None:
                                            "2024-01-01T00:00:00Z, got 'notadate'")),  # was a DateParseError
     ({"generate": {"days": 0}}, "generate.days must be >= 1, got 0"),  # was a ZeroDivisionError
     ({"generate": {"seed": -1}}, f"generate.seed must be {SEED}, got -1"),
+    # each ran for as long as it took (killed after minutes, whatever the memory limit)
+    ({"generate": {"n_users": 10**12}}, ("generate.mean_events_per_user must be such that generate.n_users × "
+                                         "mean_events_per_user is at most 10,000,000 events (the generator holds "
+                                         "them all in memory; 1,000,000,000,000 × 40 = 40,000,000,000,000; `recsys "
+                                         "data import` takes a real dataset of any size), got 40")),
+    ({"generate": {"n_items": 10**9}}, "generate.n_items must be at most 10,000,000, got 1000000000"),
+    ({"generate": {"days": 10**6}}, "generate.days must be at most 36,500 (a century), got 1000000"),
     ({"registry": {"artifact_root": ""}}, "registry.artifact_root must be a folder path, got ''"),
 ])
 def test_stage_settings_out_of_range_are_refused_at_load_naming_the_key(raw, message):

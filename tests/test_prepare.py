@@ -358,3 +358,35 @@ def test_prepare_logs_what_each_filter_step_kept(tiny_generated, tiny_prepare_co
     fp = prepared.fingerprint
     assert split == [f"loo split kept {fp['n_events']} of {fp['n_events']} events: {fp['n_valid']} validation "
                      f"and {fp['n_test']} test targets"], lines
+
+
+@pytest.mark.parametrize("damage", ["truncate events", "fingerprint not JSON", "users missing"])
+def test_a_damaged_prepared_dataset_is_one_line_naming_the_rebuild(tiny_prepared_dir, tmp_path, damage):
+    """A truncated events.parquet or a fingerprint.json that is not JSON was a 100-line traceback from train and
+    evaluate; a missing users.parquet said only its path."""
+    import shutil
+
+    from recsys.prepare import PrepareError, load
+
+    copy = tmp_path / "prepared"
+    shutil.copytree(tiny_prepared_dir, copy)
+    if damage == "truncate events":
+        broken = copy / "events.parquet"
+        broken.write_bytes(broken.read_bytes()[:100])
+    elif damage == "fingerprint not JSON":
+        broken = copy / "fingerprint.json"
+        broken.write_text("{")
+    else:
+        broken = copy / "users.parquet"
+        broken.unlink()
+    with pytest.raises(PrepareError, match=(rf"^{broken} cannot be read \(.+\): the prepare stage's output is "
+                                            r"damaged; rebuild it with `dvc repro prepare`$")):
+        load(copy)
+
+
+def test_an_items_file_that_is_not_text_is_one_line(tmp_path):
+    from recsys.prepare import PrepareError, read_titles
+
+    (tmp_path / "items.csv").write_bytes(b"item_id,title\n1,a\n\xff\xfe")
+    with pytest.raises(PrepareError, match=r"items.csv cannot be read \(.+\); put the data version back"):
+        read_titles(tmp_path)

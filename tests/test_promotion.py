@@ -200,6 +200,32 @@ def test_a_repeated_promotion_changes_nothing(workspace):
         assert len(reg.list_versions()) == 2 and len(reg.history()) == 2
 
 
+def test_metrics_of_another_checkpoint_are_refused_and_nothing_is_registered(workspace):
+    """`recsys registry promote` registered whatever artifacts/models/<m> held with whatever metrics/<m>.json
+    said: a checkpoint truncated after its evaluation became champion (and every `recommend` then failed); one
+    trained on by hand (`recsys train` resumed) was gated on the old checkpoint's numbers, and that decision
+    replayed for good. The evaluate stage records the digest of what it scored; a promotion checks it."""
+    params = load_params(workspace / "params.yaml")
+    weights = workspace / "artifacts" / "models" / "sasrec" / "model.safetensors"
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[:1000])
+    with pytest.raises(PromotionError, match=r"^metrics/sasrec.json scored another checkpoint \(sha256 [0-9a-f]{12}"
+                                             r"\) than .* holds now \([0-9a-f]{12}\): it was trained again, "
+                                             r"resumed or changed since; re-run `dvc repro evaluate@sasrec` \(or "
+                                             r"`recsys evaluate --model sasrec`\), then promote$"):
+        promote_candidate(workspace, params, "sasrec")
+    weights.write_bytes(intact)
+    metrics_path = workspace / "metrics" / "mostpop.json"  # the baseline's numbers are checked too
+    recorded = json.loads(metrics_path.read_text())
+    metrics_path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "checkpoint_sha256"}))
+    with pytest.raises(PromotionError, match=r"^metrics/mostpop.json does not say which checkpoint it scored"):
+        promote_candidate(workspace, params, "sasrec")
+    with open_from(workspace / "params.yaml") as reg:
+        assert reg.list_versions() == [] and reg.history() == []
+    metrics_path.write_text(json.dumps(recorded))
+    assert promote_candidate(workspace, params, "sasrec").decision == "promoted"
+
+
 def test_promoting_the_baseline_first_installs_it_once_and_later_gates_it(workspace):
     """`promote --model mostpop` with nothing gated yet: the baseline champion, one event (it was installed,
     then gated against itself: a second, `rejected`, event for the same version). Once a model has passed,

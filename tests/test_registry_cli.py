@@ -229,8 +229,11 @@ def _write_stage_outputs(root: Path, model: str, ev, payload: bytes) -> None:  #
         shutil.rmtree(ckpt_root / model)
     make_checkpoint(ckpt_root, model, model=model, payload=payload)
     (root / "metrics").mkdir(exist_ok=True)
+    from recsys.digest import CHECKPOINT_SHA256, directory_digest
+
     (root / "metrics" / f"{model}.json").write_text(
-        json.dumps({**ev.metrics, "eval_seconds": 0.1, "eval_fingerprint": ev.eval_fingerprint}))
+        json.dumps({**ev.metrics, "eval_seconds": 0.1, "eval_fingerprint": ev.eval_fingerprint,
+                    CHECKPOINT_SHA256: directory_digest(ckpt_root / model)}))
     (root / "artifacts" / "eval" / model).mkdir(parents=True, exist_ok=True)
     ev.per_user.to_parquet(root / "artifacts" / "eval" / model / "per_user.parquet")
 

@@ -63,5 +63,12 @@ def test_stale_temp_files_are_ignored_and_cleaned(tmp_path):
 def test_unreadable_part_is_a_clear_error(tmp_path):
     store.interactions_dir(tmp_path).mkdir(parents=True)
     (store.interactions_dir(tmp_path) / "part-bad.parquet").write_bytes(b"PAR1garbage")
-    with pytest.raises(store.StoreError, match="cannot read store part"):
+    with pytest.raises(store.StoreError, match=r"cannot read store part .*part-bad.parquet \(.+\); put the data "
+                                                r"version back with `dvc checkout data.dvc` \(or `dvc pull "
+                                                r"data.dvc`\), then run again$") as raised:
         store.read_store(tmp_path)
+    # One line from every entry point (`recsys prepare`, `dvc repro prepare`), and never retried by a flow:
+    # it was neither, a traceback ending in StoreError.
+    from recsys.entry import is_transient, is_user_error
+
+    assert is_user_error(raised.value) and not is_transient(raised.value)

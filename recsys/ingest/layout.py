@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from recsys.config import REGISTRY_URL_ENV, ConfigError, IngestConfig, RegistryConfig
+from recsys.digest import file_sha256  # noqa: F401 (recsys.ingest exports it from here)
 from recsys.ingest.errors import BatchRejected, IngestError
 from recsys.layout import (
     CURVE,
@@ -184,6 +184,18 @@ def _owned(where: Paths) -> dict[Path, str]:
     return {folder.resolve(): what for folder, what in owned.items()}
 
 
+def system_place(where: Paths, target: Path) -> str | None:
+    """Which folder the system writes `target` lies in ("lies in data/, the raw store data.dvc versions"),
+    or None: where `recsys data batch --out` and `data generate | import --out` may not write — a batch CSV
+    planted as a store part, a seed written into the registry's or DVC's folders. The raw store itself is
+    no such place for a seed (`import` and `generate` write it): the caller passes the store it writes."""
+    resolved = Path(target).resolve()
+    for folder, what in _owned(where).items():
+        if resolved == folder or resolved.is_relative_to(folder):
+            return f"{'is' if resolved == folder else 'lies in'} {_shown(folder, where.root)}, {what}"
+    return None
+
+
 def _registry_paths(root: Path, params: Path) -> dict[Path, str]:
     """registry.artifact_root and a SQLite registry.url's database file (RECSYS_REGISTRY_URL first), as
     `params` (the run's params.yaml) sets them. Read leniently — ingest needs nothing else of the registry, and
@@ -306,10 +318,3 @@ def check_inside_inbox(path: Path, inbox: Path) -> Path:
         raise BatchRejected(f"{path} does not exist or is not a regular file")
     return resolved
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
