@@ -269,6 +269,10 @@ def check_fan_out_arguments(parser: argparse.ArgumentParser, args: argparse.Name
     """What the command line alone shows fan-out cannot do, refused before a flow run is created."""
     if args.fan_out and args.force:
         parser.error(force_refused("--fan-out"))
+    if args.fan_out_idle_minutes is not None and not args.fan_out:  # it was read as nothing, and ran the flow
+        parser.error("--fan-out-idle-minutes applies to --fan-out only (give both, or leave it out)")
+    if args.fan_out_idle_minutes is None:
+        args.fan_out_idle_minutes = IDLE_MINUTES
 
 
 def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
@@ -276,7 +280,7 @@ def add_fan_out_arguments(parser: argparse.ArgumentParser) -> None:
     call `check_fan_out_arguments`)."""
     parser.add_argument("--fan-out", metavar="DEPLOYMENT", type=deployment_name,
                         help="train each model as a run of this train-model deployment on a worker pool")
-    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=IDLE_MINUTES, metavar="MINUTES",
+    parser.add_argument("--fan-out-idle-minutes", type=positive_float, default=None, metavar="MINUTES",
                         help=f"with --fan-out: give up when no worker has taken any run for this long "
                              f"(default {IDLE_MINUTES:g})")
 

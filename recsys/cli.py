@@ -147,6 +147,22 @@ def data_batch(
     # whole or absent: an ingest that finds the file in the inbox never reads half a batch
     write_text_atomic(target, text, target.parent)
     typer.echo(f"wrote {len(frame)} interactions to {target}")
+    future_batch_warning(frame, loaded.ingest, number)
+
+
+def future_batch_warning(frame, config, number: int) -> None:  # type: ignore[no-untyped-def]
+    """Say so when a generated batch's times lie beyond what ingest accepts today (now + its future skew):
+    batch 6 of the default dataset, dated 2026-12 on and after, was written and then rejected whole."""
+    import time
+    from datetime import datetime, timezone
+
+    limit = time.time() + config.max_future_skew_seconds
+    ahead = int((frame["timestamp"] > limit).sum())
+    if ahead:
+        last = datetime.fromtimestamp(int(frame["timestamp"].max()), timezone.utc).date()
+        typer.echo(f"warning: {ahead} of its {len(frame)} events are dated after now + "
+                   f"ingest.max_future_skew_seconds ({config.max_future_skew_seconds}), up to {last}: ingest "
+                   f"rejects them; take an earlier batch than {number}, or an earlier generate.start", err=True)
 
 
 def refuse_system_place(out: Path, params: Path, loaded, store: bool = False) -> None:  # type: ignore[no-untyped-def]

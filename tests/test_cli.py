@@ -988,3 +988,18 @@ def test_an_out_in_a_folder_the_system_writes_is_refused_before_anything_is_writ
     assert_one_line_error(err, f"{out} {place}")
     assert not (tmp_path / out).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_a_batch_dated_after_now_says_ingest_will_reject_it(monkeypatch, capsys, tmp_path, write_params):
+    """`recsys data batch 6` (the default dataset's, dated from 2026-12) was written without a word and then
+    rejected whole by ingest: every row too far in the future. Still written (it becomes ingestible in
+    time), with one warning line naming the setting; batch 1 (2024) has none."""
+    params = write_params()
+    code, out, err = run_cli(monkeypatch, capsys, "data", "batch", "300", "--out", str(tmp_path / "late.csv"),
+                             "--params", str(params))
+    assert code == 0 and out.startswith("wrote ") and (tmp_path / "late.csv").is_file()
+    assert err.count("\n") == 1 and err.startswith("warning: ") and "are dated after now + " in err
+    assert "ingest.max_future_skew_seconds (86400)" in err and "take an earlier batch than 300" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "data", "batch", "1", "--out", str(tmp_path / "early.csv"),
+                           "--params", str(params))
+    assert code == 0 and err == ""

@@ -386,6 +386,8 @@ def test_the_idle_limit_is_parsed_strictly(module, bad, capsys):
     (["--fan-out", "worker"], "argument --fan-out: fan_out must name a deployment as <flow>/<deployment>"),
     (["--fan-out", "train-model/"], "argument --fan-out: fan_out must name a deployment as <flow>/<deployment>"),
     (["--fan-out", "train-model/worker", "--force"], "--force cannot be combined with --fan-out"),
+    # alone it was read as nothing, and the whole flow ran here
+    (["--fan-out-idle-minutes", "5"], "--fan-out-idle-minutes applies to --fan-out only (give both, or leave it out)"),
 ])
 def test_what_the_command_line_shows_fan_out_cannot_do_is_refused_before_a_flow_run(module, argv, refusal,
                                                                                    capsys, monkeypatch):

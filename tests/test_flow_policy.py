@@ -459,3 +459,17 @@ def test_the_metrics_table_names_the_baseline_by_version_only_when_it_has_one():
     champion = {**decision, "baseline_kind": "champion", "baseline_version": 3}
     assert metric_rows(results, champion)[-1]["model"] == "champion v3"
     assert len(metric_rows(results, {**decision, "baseline_metric": None})) == 2  # nothing compared: no row
+
+
+def test_a_locked_sqlite_registry_says_who_may_hold_it():
+    """After its 60 s busy timeout every command said only "database is locked"."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from recsys.registry.records import database_failure
+
+    err = database_failure(OperationalError("c", {}, sqlite3.OperationalError("database is locked")), "cannot x")
+    assert str(err) == ("cannot x: the registry database failed: database is locked (another process held the "
+                        "SQLite registry's write lock for over 60 s: a promotion, a rollback, or a program holding "
+                        "it open; run again when it has finished)")

@@ -52,6 +52,9 @@ def database_failure(err: SQLAlchemyError, doing: str, url: str | None = None) -
     passing = isinstance(err, OperationalError) and (
         (isinstance(err, DBAPIError) and err.connection_invalidated)
         or any(words in detail.lower() for words in _PASSING))
+    if "database is locked" in detail.lower():  # SQLite's writer lock, held past the 60 s busy timeout
+        detail += (" (another process held the SQLite registry's write lock for over 60 s: a promotion, a "
+                   "rollback, or a program holding it open; run again when it has finished)")
     return RegistryDatabaseError(f"{doing}: the registry database failed{where}: {detail}", passing)
 
 
