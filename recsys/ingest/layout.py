@@ -242,7 +242,7 @@ def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | Non
             whole_inbox = True
             continue
         if not resolved.exists():
-            raise IngestError(f"{path} does not exist; {_inbox_holds(where)}")
+            raise IngestError(f"{path} does not exist{_filed(where, path.name)}; {_inbox_holds(where)}")
         if not resolved.is_relative_to(where.inbox):
             link = f" (a link to {resolved})" if path.is_symlink() else ""
             raise IngestError(f"{path}{link} is outside the inbox {where.inbox}: move the file into the "
@@ -257,6 +257,17 @@ def named_batches(names: Sequence[str | Path], where: Paths) -> list[Path] | Non
             seen.add(resolved)
             files.append(path)
     return None if whole_inbox else files
+
+
+def _filed(where: Paths, name: str) -> str:
+    """Where a run filed a batch of that name, if one did: a batch ingested or rejected before is named again
+    (`recsys ingest inbox/b.csv` after the run that moved it); the inbox alone does not say why it is gone."""
+    for folder, what in ((REJECTED, "rejected"), (PROCESSED, "ingested")):
+        filed = where.inbox / folder / name
+        if filed.is_file():
+            return (f" (a batch of that name was {what} before and filed as {filed}"
+                    f"{': its report says why' if folder == REJECTED else ''})")
+    return ""
 
 
 def _inbox_holds(where: Paths, shown: int = 5) -> str:

@@ -156,6 +156,21 @@ def test_a_missing_file_says_the_inbox_is_empty(repo):
     assert tree(repo) == before
 
 
+@pytest.mark.parametrize("folder, what, why", [("rejected", "rejected", ": its report says why"),
+                                               ("processed", "ingested", "")])
+def test_a_batch_named_again_after_a_run_filed_it_says_where(repo, folder, what, why):
+    """Naming a batch a run had already rejected said only that the inbox was empty."""
+    write_frame(repo / "inbox" / folder / "batch.csv", events(5, start=400))
+    before = tree(repo)
+    done = cli(repo, "inbox/batch.csv")
+    assert done.returncode == 1, done.stdout + done.stderr
+    inbox = (repo / "inbox").resolve()
+    assert done.stderr.splitlines() == [
+        f"error: inbox/batch.csv does not exist (a batch of that name was {what} before and filed as "
+        f"{inbox / folder / 'batch.csv'}{why}); the inbox {inbox} is empty"]
+    assert tree(repo) == before
+
+
 def test_naming_the_inbox_ingests_every_file_in_it(repo):
     """`recsys ingest inbox` said `rejected inbox: inbox is a folder: … move its files into the inbox one by
     one and remove the folder` — it told the user to delete the inbox."""
