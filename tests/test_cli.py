@@ -976,6 +976,7 @@ def test_a_generated_batch_never_replaces_another_file(monkeypatch, capsys, tmp_
     (["data", "generate"], "registry", "is registry/, the model registry"),
     (["data", "generate"], "artifacts/prepared", "lies in artifacts/, the pipeline's outputs"),
     (["data", "generate"], ".git", "is .git/, git's repository"),
+    (["data", "import", "table", "t.csv"], ".dvc/cache", "lies in .dvc/, DVC's cache and configuration"),
 ])
 def test_an_out_in_a_folder_the_system_writes_is_refused_before_anything_is_written(
         monkeypatch, capsys, tmp_path, write_params, command, out, place):
