@@ -139,13 +139,15 @@ def data_batch(
         refuse_system_place(chosen, params, loaded)
     frame = generate_batch(loaded.generate, number)
     text = frame.to_csv(index=False, lineterminator="\n")
-    if target.exists() and not (target.is_file() and target.read_bytes() == text.encode()):
+    same = target.is_file() and target.read_bytes() == text.encode()
+    if target.exists() and not same:
         # The same batch again is a no-op; anything else there (params.yaml, another batch) is not replaced.
         raise DataError(f"{target} exists with other contents: `recsys data batch` never replaces a file; "
                         "name a new one with --out, or move that one away")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # whole or absent: an ingest that finds the file in the inbox never reads half a batch
-    write_text_atomic(target, text, target.parent)
+    if not same:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # whole or absent: an ingest that finds the file in the inbox never reads half a batch
+        write_text_atomic(target, text, target.parent)
     typer.echo(f"wrote {len(frame)} interactions to {target}")
     future_batch_warning(frame, loaded.ingest, number)
 
@@ -169,13 +171,19 @@ def refuse_system_place(out: Path, params: Path, loaded, store: bool = False) ->
     """An `--out` in a folder the system writes (the raw store, the registry, ingest's state, DVC's or git's
     folders, the pipeline's outputs) is refused before anything is written, as `--inbox` there is; with
     `store`, the raw store itself is where a seed goes (`data generate | import --out data`)."""
+    from recsys.ingest.layout import PROCESSED, REJECTED, system_place
     from recsys.ingest.layout import paths as ingest_paths
-    from recsys.ingest.layout import system_place
 
     where = ingest_paths(params_root(params), loaded.ingest, params=params)
     if store and out.resolve() == where.store.resolve():
         return
     place = system_place(where, out)
+    resolved, inbox = out.resolve(), where.inbox.resolve()
+    if place is None and store and resolved.is_relative_to(inbox):  # its files would be taken for batches
+        place = f"{'is' if resolved == inbox else 'lies in'} the inbox (ingest.inbox), whose files are batches"
+    for filing in (PROCESSED, REJECTED):
+        if place is None and resolved.is_relative_to(inbox / filing):
+            place = f"lies in the inbox's {filing}/, where ingest files the batches it has read"
     if place:
         raise typer.BadParameter(f"{out} {place}: write it to a place of its own", param_hint="'--out'")
 
@@ -255,8 +263,9 @@ def data_import(
     config = loaded.ingest
     if out is not None:
         refuse_system_place(store, params, loaded, store=True)
-    if source == "table" and not column:  # the mapping later batches use (README, Bring your own data)
-        mapping = dict(config.column_mapping or {}) or None
+    from_params = source == "table" and not column and bool(config.column_mapping)
+    if from_params:  # the mapping later batches use (README, Bring your own data)
+        mapping = dict(config.column_mapping)
     check_no_batches(store)  # before reading the dataset (write_store checks again)
 
     if source == "movielens-1m":
@@ -264,7 +273,13 @@ def data_import(
     elif source == "movielens-100k":
         frame, titles = read_movielens_100k(path), read_movielens_titles(path)
     else:
-        frame, titles = read_table(path, mapping, config.extra_columns), None
+        try:
+            frame, titles = read_table(path, mapping, config.extra_columns), None
+        except DataError as err:  # say where a mapping the command line did not give came from
+            if not from_params:
+                raise
+            raise DataError(f"{err} (the mapping is params.yaml's ingest.column_mapping; --column options "
+                            "replace it)") from err
     import pandas as pd
 
     try:

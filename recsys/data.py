@@ -252,8 +252,11 @@ def download(url: str, dest: str | Path, *, sha256: str | None = None, md5: str 
         payload = archive.read_bytes()
         for algo, expected in (("sha256", sha256), ("md5", md5)):
             if expected and hashlib.new(algo, payload).hexdigest() != expected.lower():
-                # The official MD5 fits the official archive only: a mirror's or a repacked one needs its own.
-                other = "" if sha256 else " (another archive than the official one: pass its --sha256 HEX)"
+                # The official MD5 fits the official archive only: a mirror's or a repacked one needs its own;
+                # the official URL's archive failing it was damaged on the way.
+                official = url in {u for u, _ in MOVIELENS.values()}
+                other = ("" if sha256 else " (damaged on the way: run it again)" if official else
+                         " (another archive than the official one: pass its --sha256 HEX)")
                 raise DataError(f"{url}: {algo} mismatch (expected {expected}); file discarded{other}")
         staging = Path(tmp) / "extracted"
         try:

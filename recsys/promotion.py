@@ -88,12 +88,17 @@ def read_eval_outputs(repo_root: Path, model: str) -> StoredEval | None:
     return StoredEval(metrics, per_user_path, fingerprint, scored if isinstance(scored, str) else None)
 
 
-def check_scored(directory: Path, evaluation: StoredEval, model: str) -> None:
+def check_scored(root: Path, directory: Path, evaluation: StoredEval, model: str) -> None:
     """The metrics are of the checkpoint in `directory`: the digest the evaluate stage recorded of what it
     scored is the directory's now. A checkpoint retrained or resumed since (`recsys train` by hand), or
-    damaged, was registered and gated with another checkpoint's numbers (a truncated one became champion)."""
-    again = f"re-run `dvc repro evaluate@{model}` (or `recsys evaluate --model {model}`), then promote"
-    metrics = Layout(Path()).metrics(model)  # as the workspace names it
+    damaged, was registered and gated with another checkpoint's numbers (a truncated one became champion).
+    The refusal names both ways on: score the checkpoint as it is (`recsys evaluate`; `dvc repro` would first
+    put back the one dvc.lock records, discarding a checkpoint trained by hand), or go back to that one."""
+    paths = Layout(root)
+    params = "" if root.resolve() == Path.cwd().resolve() else f" --params {paths.params}"
+    again = (f"score the checkpoint as it is with `recsys evaluate --model {model}{params}`, or go back to the "
+             f"one dvc.lock records with `dvc repro evaluate@{model}`; then promote")
+    metrics = paths.metrics(model)
     if evaluation.checkpoint_sha256 is None:
         raise PromotionError(f"{metrics} does not say which checkpoint it scored (written before that was "
                              f"recorded): {again}")
@@ -104,7 +109,7 @@ def check_scored(directory: Path, evaluation: StoredEval, model: str) -> None:
     if now != evaluation.checkpoint_sha256:
         raise PromotionError(f"{metrics} scored another checkpoint (sha256 "
                              f"{evaluation.checkpoint_sha256[:12]}) than {directory} holds now ({now[:12]}): it "
-                             f"was trained again, resumed or changed since; {again}")
+                             f"was trained again, resumed or changed since: {again}")
 
 
 def rescore_on(params: Params, prepared: Path) -> RescoreFn:
@@ -182,7 +187,7 @@ def _promote_locked(
             f"no evaluation for {model!r} (metrics/{model}.json, artifacts/eval/{model}/per_user.parquet); "
             f"run `dvc repro evaluate@{model}` first"
         )
-    check_scored(candidate_dir, candidate, model)
+    check_scored(root, candidate_dir, candidate, model)
     if tries := cold_tries(root, params):
         lineage = dataclasses.replace(lineage, params={**lineage.params, COLD_TRIES: tries})
     baseline_dir, baseline_result, baseline_lineage = _stage_outputs(root, params, baseline, dataset_version)
@@ -191,7 +196,7 @@ def _promote_locked(
         # Refuse before anything is copied: neither artifact lands in the store if either is invalid.
         registry.check_registration(candidate_dir, candidate, **lineage.as_kwargs())
         if baseline_result is not None and baseline_lineage is not None:
-            check_scored(baseline_dir, baseline_result, baseline)
+            check_scored(root, baseline_dir, baseline_result, baseline)
             registry.check_registration(baseline_dir, baseline_result, **baseline_lineage.as_kwargs())
             before = registry.champion_version() if model == baseline else None
             installed = registry.install_baseline(baseline_dir, baseline_result,

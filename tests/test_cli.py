@@ -977,6 +977,10 @@ def test_a_generated_batch_never_replaces_another_file(monkeypatch, capsys, tmp_
     (["data", "generate"], "artifacts/prepared", "lies in artifacts/, the pipeline's outputs"),
     (["data", "generate"], ".git", "is .git/, git's repository"),
     (["data", "import", "table", "t.csv"], ".dvc/cache", "lies in .dvc/, DVC's cache and configuration"),
+    # a seed in the inbox is taken for batches; a batch in a filing folder is one no run reads
+    (["data", "generate"], "inbox", "is the inbox (ingest.inbox), whose files are batches"),
+    (["data", "batch", "1"], "inbox/processed/generated-0001.csv",
+     "lies in the inbox's processed/, where ingest files the batches it has read"),
 ])
 def test_an_out_in_a_folder_the_system_writes_is_refused_before_anything_is_written(
         monkeypatch, capsys, tmp_path, write_params, command, out, place):
@@ -1004,3 +1008,18 @@ def test_a_batch_dated_after_now_says_ingest_will_reject_it(monkeypatch, capsys,
     code, _, err = run_cli(monkeypatch, capsys, "data", "batch", "1", "--out", str(tmp_path / "early.csv"),
                            "--params", str(params))
     assert code == 0 and err == ""
+
+
+def test_a_mapping_from_params_yaml_that_does_not_fit_says_where_it_came_from(monkeypatch, capsys, tmp_path,
+                                                                              write_params):
+    """A seed already in canonical columns, in a repository that maps later batches' columns: the refusal
+    named a mapping the command line never gave."""
+    source = tmp_path / "events.csv"
+    source.write_text("user_id,item_id,timestamp\na,x,1704067210\n")
+    params = write_params({"ingest": {"column_mapping": {"user_id": "customer", "item_id": "sku",
+                                                         "timestamp": "ts"}}})
+    code, _, err = run_cli(monkeypatch, capsys, "data", "import", "table", str(source), "--out",
+                           str(tmp_path / "data"), "--params", str(params))
+    assert code == 1
+    assert_one_line_error(err, "names column(s) not in the file", "(the mapping is params.yaml's "
+                               "ingest.column_mapping; --column options replace it)")

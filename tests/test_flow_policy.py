@@ -321,7 +321,10 @@ def _refused_in_process(monkeypatch, capsys, repo, argv: list[str]) -> str:
     started = []
     monkeypatch.setattr(module, flow_name, lambda **kwargs: started.append(kwargs))
     monkeypatch.chdir(repo)
-    with pytest.raises(SystemExit) as stopped:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # a user's shell may export one (README, Scaling out): these command lines are run without a server
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(SystemExit) as stopped:
         module.main([*argv[1:], *_repo_root_argument(argv)])
     out, err = capsys.readouterr()
     assert stopped.value.code == 1 and out == "" and not started, (err, started)
@@ -470,6 +473,6 @@ def test_a_locked_sqlite_registry_says_who_may_hold_it():
     from recsys.registry.records import database_failure
 
     err = database_failure(OperationalError("c", {}, sqlite3.OperationalError("database is locked")), "cannot x")
-    assert str(err) == ("cannot x: the registry database failed: database is locked (another process held the "
-                        "SQLite registry's write lock for over 60 s: a promotion, a rollback, or a program holding "
-                        "it open; run again when it has finished)")
+    assert str(err) == ("cannot x: the registry database failed: database is locked (another process holds the "
+                        "SQLite registry's write lock — a promotion, a rollback, or a program holding it open — past "
+                        "SQLite's 60 s wait; run again when it has finished)")

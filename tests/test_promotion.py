@@ -209,16 +209,20 @@ def test_metrics_of_another_checkpoint_are_refused_and_nothing_is_registered(wor
     weights = workspace / "artifacts" / "models" / "sasrec" / "model.safetensors"
     intact = weights.read_bytes()
     weights.write_bytes(intact[:1000])
-    with pytest.raises(PromotionError, match=r"^metrics/sasrec.json scored another checkpoint \(sha256 [0-9a-f]{12}"
-                                             r"\) than .* holds now \([0-9a-f]{12}\): it was trained again, "
-                                             r"resumed or changed since; re-run `dvc repro evaluate@sasrec` \(or "
-                                             r"`recsys evaluate --model sasrec`\), then promote$"):
+    # From another folder the command to score it names the repository's params.yaml; `dvc repro` is the
+    # other way on, as it puts back the checkpoint dvc.lock records (a checkpoint trained by hand is lost).
+    with pytest.raises(PromotionError, match=(
+            rf"^{workspace}/metrics/sasrec.json scored another checkpoint \(sha256 [0-9a-f]{{12}}\) than .* holds "
+            r"now \([0-9a-f]{12}\): it was trained again, resumed or changed since: score the checkpoint as it "
+            rf"is with `recsys evaluate --model sasrec --params {workspace}/params.yaml`, or go back to the one "
+            r"dvc.lock records with `dvc repro evaluate@sasrec`; then promote$")):
         promote_candidate(workspace, params, "sasrec")
     weights.write_bytes(intact)
     metrics_path = workspace / "metrics" / "mostpop.json"  # the baseline's numbers are checked too
     recorded = json.loads(metrics_path.read_text())
     metrics_path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "checkpoint_sha256"}))
-    with pytest.raises(PromotionError, match=r"^metrics/mostpop.json does not say which checkpoint it scored"):
+    with pytest.raises(PromotionError, match=rf"^{workspace}/metrics/mostpop.json does not say which checkpoint "
+                                             r"it scored"):
         promote_candidate(workspace, params, "sasrec")
     with open_from(workspace / "params.yaml") as reg:
         assert reg.list_versions() == [] and reg.history() == []

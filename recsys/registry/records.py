@@ -53,8 +53,8 @@ def database_failure(err: SQLAlchemyError, doing: str, url: str | None = None) -
         (isinstance(err, DBAPIError) and err.connection_invalidated)
         or any(words in detail.lower() for words in _PASSING))
     if "database is locked" in detail.lower():  # SQLite's writer lock, held past the 60 s busy timeout
-        detail += (" (another process held the SQLite registry's write lock for over 60 s: a promotion, a "
-                   "rollback, or a program holding it open; run again when it has finished)")
+        detail += (" (another process holds the SQLite registry's write lock — a promotion, a rollback, or a "
+                   "program holding it open — past SQLite's 60 s wait; run again when it has finished)")
     return RegistryDatabaseError(f"{doing}: the registry database failed{where}: {detail}", passing)
 
 
