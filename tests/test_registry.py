@@ -605,3 +605,21 @@ def test_injection_strings_in_free_text_are_stored_verbatim(registry, tmp_path):
     assert v.metrics[INJECTION] == 1.0
     assert "model_versions" in inspect(registry.engine).get_table_names()
     assert len(registry.list_versions()) == 1
+
+
+def test_a_checkpoint_that_changed_after_its_check_is_not_registered(registry, tmp_path):
+    """`promotion.check_scored` compares the checkpoint with what its evaluation scored before the registry
+    copies it; a `recsys train` by hand (no workspace lock) could replace it in between. The copy's address is
+    compared again before any version row: nothing is registered."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    ckpt = make_checkpoint(tmp_path / "ckpts", "moved")
+    scored = directory_digest(ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"other weights")  # replaced after the evaluation's check
+    changed = SimpleNamespace(**dataclasses.asdict(make_eval(0.1)), checkpoint_sha256=scored)
+    with pytest.raises(RegistryError, match=(rf"moved changed while it was being registered \(its evaluation "
+                                             rf"scored {scored[:12]}, the copy is [0-9a-f]{{12}}\): nothing was "
+                                             r"registered; evaluate it again, then promote$")):
+        registry.promote(ckpt, changed, baseline_result=MOSTPOP, baseline_kind="mostpop")
+    assert registry.list_versions() == [] and registry.history() == []

@@ -158,6 +158,13 @@ class Registry(RegistryReads):
         self._ensure_model()
 
         stored = self.store.put(Path(candidate_dir))
+        scored = getattr(eval_result, "checkpoint_sha256", None)
+        if scored is not None and scored != stored.sha256:
+            # Changed between the promotion's check (`promotion.check_scored`) and this copy: a `recsys train`
+            # by hand meanwhile, which takes no workspace lock. The copy stays unreferenced in the store.
+            raise RegistryError(f"{candidate_dir} changed while it was being registered (its evaluation scored "
+                                f"{scored[:12]}, the copy is {stored.sha256[:12]}): nothing was registered; "
+                                "evaluate it again, then promote")
         # The per-user table is converted (before the lock) only for an evaluation the registry lacks: a
         # re-registration — every run with nothing new — leaves it unread, and reading it loads pandas.
         if fingerprint is None:
