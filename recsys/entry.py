@@ -30,6 +30,13 @@ _USER_ERRORS = [
 VERBOSE_ENV = "RECSYS_VERBOSE"
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first line for a one-line message (Arrow's and torch's carry several), or its type where
+    it has no text."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The user-error classes of the modules loaded so far (a module never imported raised nothing), so
     checking costs no imports."""

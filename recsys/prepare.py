@@ -29,7 +29,7 @@ import pandas as pd
 from recsys import layout, schema
 from recsys.atomic import remove_stale_temp_dirs, replace_dir
 from recsys.config import IngestConfig, PrepareConfig, load_params, params_root
-from recsys.entry import ArgumentParser, nonempty_path
+from recsys.entry import ArgumentParser, first_line, nonempty_path
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +237,6 @@ def load(prepared_dir: str | Path) -> Prepared:
         raise PrepareError(f"{path} is not a prepared dataset (no {layout.PREPARED_FINGERPRINT}); `recsys bootstrap && dvc repro prepare` builds it (the flows and `bash scripts/demo.sh` do)")
     import pyarrow as pa
 
-    from recsys.store import first_line
-
     part = path / layout.PREPARED_FINGERPRINT
     try:
         fingerprint = json.loads(part.read_text(encoding="utf-8"))
@@ -260,8 +258,6 @@ def read_titles(store: Path) -> pd.DataFrame | None:
     try:
         return pd.read_csv(items_csv, dtype=str)
     except (OSError, ValueError) as err:  # not UTF-8 text, not CSV
-        from recsys.store import first_line
-
         raise PrepareError(f"{items_csv} cannot be read ({first_line(err)}); put the data "
                            "version back with `dvc checkout data.dvc` (or `dvc pull data.dvc`)") from err
 

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from recsys.entry import first_line
 
 
 def _max_len(model: Any, meta: dict[str, Any]) -> int:
@@ -199,8 +200,7 @@ def read_prepared(prepared_dir: Path, required: bool) -> Prepared | None:
                 return None
             raise RecommendError(f"prepared dataset not found under {prepared_dir} ({err}): {rebuild}") from err
         except (OSError, pa.ArrowException) as err:  # there, but not Parquet (truncated, overwritten)
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RecommendError(f"{path} cannot be read as Parquet ({first}); {rebuild}") from err
+            raise RecommendError(f"{path} cannot be read as Parquet ({first_line(err)}); {rebuild}") from err
     for name, columns in PREPARED_COLUMNS.items():
         if missing := [c for c in columns if c not in schemas[name]]:
             raise RecommendError(f"{prepared_dir / name}.parquet is not a prepared dataset's: it lacks column(s) "

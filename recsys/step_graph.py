@@ -36,6 +36,7 @@ import torch
 
 from recsys.config import ConfigError
 from recsys.device import step_autocast
+from recsys.entry import first_line
 from recsys.sequences import TrainingTensors
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,8 @@ class FixedShapeStep:
         except RuntimeError as err:  # an operator that waits for the device (this torch's, or a new model's)
             # The operator's own error, when the capture's end then failed too and replaced it.
             cause = err.__context__ if isinstance(err.__context__, Exception) else err
-            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             raise ConfigError(f"train.cuda_graph: the training step could not be captured as a CUDA graph "
-                              f"({first}); set train.cuda_graph: false") from err
+                              f"({first_line(cause)}); set train.cuda_graph: false") from err
         self.graphs[self.loss_rows] = graph
         self.captures += 1
         log.info("cuda_graph: captured the training step (batch %d, width %d, loss rows %s; capture %d)",

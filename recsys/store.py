@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from recsys.schema import ARROW_SCHEMA, REQUIRED_COLUMNS
 from recsys.atomic import fsync_dir
+from recsys.entry import first_line
 from recsys.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,6 @@ _ARRIVAL = re.compile(r"part-(\d{8})-[0-9a-f]{16}\.parquet$")
 
 class StoreError(RuntimeError):
     """The store on disk is unreadable or a part would be overwritten."""
-
-
-def first_line(err: BaseException) -> str:
-    """An exception's first line (Arrow's carry several), or its type where it has no text."""
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def interactions_dir(store_dir: str | Path) -> Path:
