@@ -99,7 +99,7 @@ def data_generate(
     store = folder_option(out) if out is not None else params_root(params, relative=True) / DATA
     loaded = load_params(params)
     if out is not None:
-        refuse_system_place(store, params, loaded, store=True)
+        refuse_system_place(store, params, loaded, seed=True)
     part = write_store(generate(loaded.generate), store)
     typer.echo(f"wrote {part}")
 
@@ -167,23 +167,13 @@ def future_batch_warning(frame, config, number: int) -> None:  # type: ignore[no
                    f"rejects them; take an earlier batch than {number}, or an earlier generate.start", err=True)
 
 
-def refuse_system_place(out: Path, params: Path, loaded, store: bool = False) -> None:  # type: ignore[no-untyped-def]
-    """An `--out` in a folder the system writes (the raw store, the registry, ingest's state, DVC's or git's
-    folders, the pipeline's outputs) is refused before anything is written, as `--inbox` there is; with
-    `store`, the raw store itself is where a seed goes (`data generate | import --out data`)."""
-    from recsys.ingest.layout import PROCESSED, REJECTED, system_place
+def refuse_system_place(out: Path, params: Path, loaded, seed: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """An `--out` in a folder the system writes (`recsys.ingest.layout.system_place`; with `seed`, a seed's)
+    is refused before anything is written, as `--inbox` there is."""
     from recsys.ingest.layout import paths as ingest_paths
+    from recsys.ingest.layout import system_place
 
-    where = ingest_paths(params_root(params), loaded.ingest, params=params)
-    if store and out.resolve() == where.store.resolve():
-        return
-    place = system_place(where, out)
-    resolved, inbox = out.resolve(), where.inbox.resolve()
-    if place is None and store and resolved.is_relative_to(inbox):  # its files would be taken for batches
-        place = f"{'is' if resolved == inbox else 'lies in'} the inbox (ingest.inbox), whose files are batches"
-    for filing in (PROCESSED, REJECTED):
-        if place is None and resolved.is_relative_to(inbox / filing):
-            place = f"lies in the inbox's {filing}/, where ingest files the batches it has read"
+    place = system_place(ingest_paths(params_root(params), loaded.ingest, params=params), out, seed)
     if place:
         raise typer.BadParameter(f"{out} {place}: write it to a place of its own", param_hint="'--out'")
 
@@ -262,7 +252,7 @@ def data_import(
     loaded = load_params(params)
     config = loaded.ingest
     if out is not None:
-        refuse_system_place(store, params, loaded, store=True)
+        refuse_system_place(store, params, loaded, seed=True)
     from_params = source == "table" and not column and bool(config.column_mapping)
     if from_params:  # the mapping later batches use (README, Bring your own data)
         mapping = dict(config.column_mapping)

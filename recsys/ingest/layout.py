@@ -145,9 +145,7 @@ def _not_an_inbox(where: Paths, config: IngestConfig) -> str | None:
         return "is the repository root"
     if root.is_relative_to(inbox):
         return f"is a folder above the repository {root}"
-    configured = (root / config.inbox).resolve()
-    filing = {configured / PROCESSED: "where a run files the batches it ingested",
-              configured / REJECTED: "where a run files the batches it rejected"}
+    filing = _filing((root / config.inbox).resolve())
     for folder, what in {**_owned(where), **filing}.items():
         if inbox.is_relative_to(folder):
             return f"{'is' if inbox == folder else 'lies in'} {_shown(folder, root)}, {what}"
@@ -184,15 +182,30 @@ def _owned(where: Paths) -> dict[Path, str]:
     return {folder.resolve(): what for folder, what in owned.items()}
 
 
-def system_place(where: Paths, target: Path) -> str | None:
-    """Which folder the system writes `target` lies in ("lies in data/, the raw store data.dvc versions"),
-    or None: where `recsys data batch --out` and `data generate | import --out` may not write — a batch CSV
-    planted as a store part, a seed written into the registry's or DVC's folders. The raw store itself is
-    no such place for a seed (`import` and `generate` write it): the caller passes the store it writes."""
+def _filing(inbox: Path) -> dict[Path, str]:
+    """The inbox's filing folders, where a run moves the batches it has read."""
+    return {inbox / PROCESSED: "where a run files the batches it ingested",
+            inbox / REJECTED: "where a run files the batches it rejected"}
+
+
+def system_place(where: Paths, target: Path, seed: bool = False) -> str | None:
+    """Which folder the system writes `target` is or lies in ("lies in data/, the raw store data.dvc
+    versions"), or None: where `recsys data batch --out` may not write a batch (a CSV planted as a store part,
+    a batch in the inbox's filing folders) and, with `seed`, where `data generate | import --out` may not write
+    a seed — the raw store itself aside, which is where a seed goes, but the inbox too (its files would be
+    taken for batches)."""
     resolved = Path(target).resolve()
+    if seed and resolved == where.store.resolve():
+        return None
     for folder, what in _owned(where).items():
-        if resolved == folder or resolved.is_relative_to(folder):
+        if resolved.is_relative_to(folder):
             return f"{'is' if resolved == folder else 'lies in'} {_shown(folder, where.root)}, {what}"
+    inbox = where.inbox.resolve()
+    if seed and resolved.is_relative_to(inbox):
+        return f"{'is' if resolved == inbox else 'lies in'} the inbox (ingest.inbox), whose files are batches"
+    for folder in _filing(inbox):
+        if resolved.is_relative_to(folder):
+            return f"lies in the inbox's {folder.name}/, where ingest files the batches it has read"
     return None
 
 
